@@ -1,0 +1,23 @@
+# The two commands (README.md):  make notebooks   and   make test
+# Both create .venv and install everything on first use.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: notebooks test setup
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first, by exact version: it is the CPU wheel on this machine's disk
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+notebooks: $(STAMP)
+	$(BIN)/python -m int4lab.notebooks
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q

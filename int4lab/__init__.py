@@ -1,0 +1,22 @@
+"""int4lab: 4-bit weight formats for Mixture-of-Experts decoding, taught, proven and measured.
+
+    import int4lab as il
+    packed, scales = il.pack_int4_b32(w)          # w [N, K] or [E, N, K]
+
+Without a CUDA device, importing int4lab turns on Triton's interpreter (TRITON_INTERPRET=1) before
+any kernel is defined, so the same kernels run (slowly) on the CPU. Set TRITON_INTERPRET yourself to
+override; it must be set before triton is first imported.
+"""
+import os as _os
+
+if "TRITON_INTERPRET" not in _os.environ:
+    import torch as _torch
+    if not _torch.cuda.is_available():
+        _os.environ["TRITON_INTERPRET"] = "1"
+
+from .format import (BLOCK, dequant_int4_ref, pack_codes, pack_int4_b32, quant_x_rows_ref,  # noqa: E402
+                     unpack_codes)
+from .paths import DATA, FIGURES, RECEIPTS, ROOT, figure_path  # noqa: E402
+from .receipts import provenance, read_receipt, write_receipt  # noqa: E402
+
+__version__ = "0.1.0"

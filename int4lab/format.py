@@ -1,0 +1,129 @@
+"""int4-b32: symmetric int4 codes, one fp16 scale per 32 weights along K.
+
+Shape legend: E = experts, N = out features (rows), K = in features, R = activation rows.
+
+The bytes are a contract (the seed's `int4_pack_ref` format):
+    w[..., n, k] ~= (nib[..., n, k] - 8) * scales[..., n, k // 32]
+    packed[..., n, j] = nib[..., n, 2j] | nib[..., n, 2j + 1] << 4    (even k in the low nibble)
+    packed uint8 [..., N, K/2], scales float16 [..., N, K/32]
+
+Value quantisation (which code) is kept apart from bit packing (which byte): `rtn_codes` chooses
+codes, `pack_codes` / `unpack_codes` only move bits, so GPTQ (`int4lab.gptq`) reuses the packer.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._checks import FLOAT_DTYPES, check_finite, check_k, check_tensor
+
+BLOCK = 32
+QMIN, QMAX = -8, 7          # int4 levels; round-to-nearest uses only [-7, 7] (scale = amax / 7)
+FP16_MAX = 65504.0
+FP16_MIN_SUBNORMAL = 2.0 ** -24
+X_QMAX = 127                # int8 activation codes are symmetric: [-127, 127]
+
+
+def _blocks(t: torch.Tensor) -> torch.Tensor:
+    """[..., K] -> [..., K/32, 32] view."""
+    return t.reshape(*t.shape[:-1], t.shape[-1] // BLOCK, BLOCK)
+
+
+def block_scales(w: torch.Tensor) -> torch.Tensor:
+    """float32 [..., K] -> float32 [..., K/32]: amax(|block|).clamp_min(1e-12) / 7."""
+    return _blocks(w.float()).abs().amax(-1).clamp_min(1e-12) / 7.0
+
+
+def check_scale_range(s: torch.Tensor, name: str = "w") -> None:
+    """A float32 scale above fp16's largest finite value cannot be stored: refuse it."""
+    big = s > FP16_MAX
+    if bool(big.any()):
+        raise ValueError(
+            f"{name} has a block whose scale amax/7 = {float(s.max()):.6g} exceeds the float16 maximum "
+            f"{FP16_MAX:g} (|{name}| must stay below {7 * FP16_MAX:g}); rescale the tensor first")
+
+
+def rtn_codes(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """Codes round_half_to_even(w / s) clamped to [-8, 7] as int8; w [..., K], s float32 [..., K/32]."""
+    q = torch.round(_blocks(w.float()) / s.unsqueeze(-1))     # torch.round is half-to-even
+    return q.clamp_(QMIN, QMAX).to(torch.int8).reshape(w.shape)
+
+
+def pack_codes(q: torch.Tensor) -> torch.Tensor:
+    """int8 codes [..., K] in [-8, 7] -> uint8 [..., K/2], nibble = code + 8, even k low."""
+    nib = (q.to(torch.int16) + 8).to(torch.uint8)
+    return nib[..., 0::2] | (nib[..., 1::2] << 4)
+
+
+def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., K/2] -> int8 codes [..., K] in [-8, 7]."""
+    lo = (packed & 0xF).to(torch.int8) - 8
+    hi = (packed >> 4).to(torch.int8) - 8
+    return torch.stack((lo, hi), dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+
+
+def _check_weight(w, name: str = "w") -> None:
+    check_tensor(name, w, FLOAT_DTYPES, (2, 3))
+    check_k(f"{name}.shape[-1] (K)", w.shape[-1], BLOCK)
+    check_finite(name, w)
+
+
+def pack_int4_b32(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Round-to-nearest pack of w [N, K] or [E, N, K] (fp32/fp16/bf16, K % 32 == 0).
+
+    Per 32-block: s = amax(|block|).clamp_min(1e-12) / 7 in float32; q = round_half_to_even(w / s)
+    clamped to [-8, 7] (true division by the float32 scale); stored scale s.to(float16).
+    Returns (packed uint8 [..., N, K/2], scales float16 [..., N, K/32]).
+
+    A block whose scale rounds to 0 in float16 (amax/7 <= 2**-25) decodes to all zeros; scales between
+    2**-25 and 2**-14 are fp16 subnormals and lose relative precision (notebook 01 measures both).
+    """
+    _check_weight(w)
+    s = block_scales(w)
+    check_scale_range(s)
+    return pack_codes(rtn_codes(w, s)), s.to(torch.float16)
+
+
+def check_dims(N, K) -> None:
+    """N a positive int, K a positive int multiple of 32."""
+    if not isinstance(N, int) or isinstance(N, bool) or N <= 0:
+        raise ValueError(f"N must be a positive int, got {N!r}")
+    if not isinstance(K, int) or isinstance(K, bool):
+        raise ValueError(f"K must be a positive int multiple of {BLOCK}, got {K!r}")
+    check_k("K", K, BLOCK)
+
+
+def check_packed(packed, scales, N: int, K: int, *, names=("packed", "scales")) -> None:
+    """Shape/dtype contract of an int4-b32 pack: uint8 [..., N, K/2] with float16 [..., N, K/32]."""
+    pn, sn = names
+    check_tensor(pn, packed, (torch.uint8,), (2, 3))
+    check_tensor(sn, scales, (torch.float16,), (2, 3))
+    check_dims(N, K)
+    if tuple(packed.shape[-2:]) != (N, K // 2):
+        raise ValueError(f"{pn} must have trailing shape (N, K/2) = ({N}, {K // 2}), got {tuple(packed.shape)}")
+    if tuple(scales.shape[-2:]) != (N, K // BLOCK):
+        raise ValueError(f"{sn} must have trailing shape (N, K/32) = ({N}, {K // BLOCK}), got {tuple(scales.shape)}")
+    if packed.shape[:-2] != scales.shape[:-2]:
+        raise ValueError(f"{pn} and {sn} must have the same leading (expert) dims, "
+                         f"got {tuple(packed.shape[:-2])} and {tuple(scales.shape[:-2])}")
+
+
+def dequant_int4_ref(packed: torch.Tensor, scales: torch.Tensor, N: int, K: int) -> torch.Tensor:
+    """Reference decode: float32 [..., N, K] = (nib - 8) * float(scale)."""
+    check_packed(packed, scales, N, K)
+    q = unpack_codes(packed).float()
+    return (_blocks(q) * scales.float().unsqueeze(-1)).reshape(q.shape)
+
+
+def quant_x_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations x [R, K] (fp32/fp16/bf16) -> (int8 [R, K], float32 [R, K/32]).
+
+    Per 32-block: s = amax(|x|) / 127 + 1e-12 (float32); q = floor(x / s + 0.5) clamped to [-127, 127].
+    The +1e-12 keeps an all-zero block finite (codes 0). The Triton `quant_x_rows` returns the same bits.
+    """
+    check_tensor("x", x, FLOAT_DTYPES, (2,))
+    check_k("x.shape[-1] (K)", x.shape[-1], BLOCK)
+    check_finite("x", x)
+    xb = _blocks(x.float())
+    s = xb.abs().amax(-1) / X_QMAX + 1e-12
+    q = torch.floor(xb / s.unsqueeze(-1) + 0.5).clamp_(-X_QMAX, X_QMAX).to(torch.int8)
+    return q.reshape(x.shape), s

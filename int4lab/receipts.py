@@ -1,0 +1,63 @@
+"""Receipts: every published number is written with where, when and how it was measured."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from .paths import ROOT
+
+
+def git_commit() -> str:
+    """HEAD's hash, with '+dirty' when the tree has uncommitted changes; 'unknown' outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def device_name() -> str:
+    import torch
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return f"cpu ({platform.processor() or platform.machine()})"
+
+
+def provenance(command: str | None = None) -> dict:
+    """Device, versions, commit, UTC date and the command that produced a result."""
+    import torch
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {
+        "device": device_name(),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "commit": git_commit(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command if command is not None else " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+    }
+
+
+def write_receipt(path, payload: dict, command: str | None = None) -> Path:
+    """Write payload plus a `provenance` block as JSON; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"provenance": provenance(command), **payload}
+    path.write_text(json.dumps(body, indent=1) + "\n")
+    return path
+
+
+def read_receipt(path) -> dict:
+    return json.loads(Path(path).read_text())
