@@ -12,7 +12,14 @@ from .paths import ROOT
 
 
 def git_commit() -> str:
-    """HEAD's hash, with '+dirty' when the tree has uncommitted changes; 'unknown' outside git."""
+    """HEAD's hash, with '+dirty' when the tree has uncommitted changes.
+
+    Where the checkout travels without its .git (the lent GPU machine), the caller passes the hash in
+    INT4LAB_GIT_COMMIT; 'unknown' when neither is available.
+    """
+    import os
+    if os.environ.get("INT4LAB_GIT_COMMIT"):
+        return os.environ["INT4LAB_GIT_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()
