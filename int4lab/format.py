@@ -39,7 +39,7 @@ def check_scale_range(s: torch.Tensor, name: str = "w") -> None:
     if bool(big.any()):
         raise ValueError(
             f"{name} has a block whose scale amax/7 = {float(s.max()):.6g} exceeds the float16 maximum "
-            f"{FP16_MAX:g} (|{name}| must stay below {7 * FP16_MAX:g}); rescale the tensor first")
+            f"{FP16_MAX:g} (|{name}| must not exceed {7 * FP16_MAX:g}); rescale the tensor first")
 
 
 def rtn_codes(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

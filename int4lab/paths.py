@@ -1,4 +1,6 @@
 """Where the repository keeps data, receipts and figures (resolved from the package, not the CWD)."""
+import os
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -9,5 +11,9 @@ NOTEBOOKS = ROOT / "notebooks"
 
 
 def figure_path(name: str) -> Path:
-    FIGURES.mkdir(parents=True, exist_ok=True)
-    return FIGURES / name
+    """figures/NAME; in quick mode (INT4LAB_QUICK=1, as the tests run notebooks) a temporary folder,
+    so a quick run never overwrites the committed full-size figures."""
+    quick = os.environ.get("INT4LAB_QUICK", "0") not in ("", "0")
+    folder = Path(tempfile.gettempdir()) / "int4lab_quick_figures" if quick else FIGURES
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / name
