@@ -1,0 +1,190 @@
+"""One MoE decode step on int4-b32 experts, built only from this package's kernels.
+
+Shape legend: T = tokens, A = experts per token (top-k), L = T * A routed rows, E = experts,
+H = hidden size, I = expert intermediate size.
+
+    x [T, H] --gate_up GEMV, x quantised in its prologue (all L rows, one launch)--> h [L, 2I] bf16
+      --down GEMV, SwiGLU + quantisation of h in its prologue (one launch)--> y [L, H]
+      --combine (router weights, float32, fixed order)--> out [T, H] bf16
+
+gate_up is the fused [E, 2I, H] projection with the I gate rows first, then the I up rows.
+`moe_decode_step` runs each projection as one routed GEMV over all L rows (the batch-1 path);
+`moe_decode_grouped` sorts rows by expert and runs the grouped GEMM, so rows that share an expert share
+one read of its weights (a few tokens). Both are legal under CUDA-graph capture.
+
+Launches of moe_decode_step: gate_up GEMV (+ its split-K reduce), down GEMV, then either combine_rows
+(unsplit) or the split-K reduce fused with the combine: 3 or 4. The quantisation points and roundings
+are those of quant_x_rows / swiglu_quant_rows, so moe_decode_ref models both paths; split-K on the down
+projection skips y's bf16 rounding (the combine reads float32 partials).
+moe_decode_grouped runs quant_x_rows, the tile build, two grouped GEMMs, swiglu_quant_rows and a combine.
+Bytes: the routed experts' gate_up and down weights at 0.5625 bytes per weight dominate; e.g. OLMoE
+(H 2048, I 1024, A 8): 8 * 3 * 2048 * 1024 * 0.5625 = 28.3 MB, 7.7 us at 3.7 TB/s.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._checks import FLOAT_DTYPES, check_shape, check_tensor
+from ..format import check_packed
+from . import plan as _plan
+from ._round import to_bf16_rne
+from ._validate import check_contiguous, check_devices, check_ids, check_out
+from .gemv import _PLAN_FIELDS, X_CODES, X_FLOAT, X_SWIGLU, _launch_gemv
+from .grouped import build_group_tiles, gemm_int4_b32_grouped
+from .quant import quant_x_rows, swiglu_quant_rows
+
+
+@triton.jit
+def combine_rows_kernel(
+    # Pointers
+    y_ptr, w_ptr, map_ptr, out_ptr,
+    # Dimensions
+    H,
+    # Meta-parameters
+    TOPK: tl.constexpr, HAS_MAP: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """out[t, :] = sum_{j < TOPK} w[t, j] * y[map[t*TOPK + j], :] in float32, j in order; one program
+    owns BLOCK columns of one token. y [L, H] bf16, w [T, TOPK] float, map int32 [L] (or identity)."""
+    t = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < H
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in range(0, TOPK):
+        i = t * TOPK + j
+        if HAS_MAP:
+            i = tl.load(map_ptr + i)
+        wt = tl.load(w_ptr + t * TOPK + j).to(tl.float32)
+        acc += wt * tl.load(y_ptr + i.to(tl.int64) * H + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t.to(tl.int64) * H + offs, to_bf16_rne(acc), mask=mask)
+
+
+def combine_rows(y, topk_w, row_map=None, out=None):
+    """y bf16 [T*A, H], topk_w float [T, A] -> bf16 [T, H], float32 weighted sum over the A rows of each
+    token (row t*A + j, or row_map[t*A + j] when given), always in the order j = 0..A-1."""
+    check_tensor("y", y, FLOAT_DTYPES, (2,))
+    check_tensor("topk_w", topk_w, FLOAT_DTYPES, (2,))
+    T, A = topk_w.shape
+    H = y.shape[1]
+    check_shape("y", y, (T * A, H))
+    if row_map is not None:
+        check_tensor("row_map", row_map, (torch.int32, torch.int64), (1,))
+        check_shape("row_map", row_map, (T * A,))
+    check_contiguous(y=y, topk_w=topk_w, row_map=row_map)
+    dev = check_devices(y=y, topk_w=topk_w, row_map=row_map, out=out)
+    out = check_out("out", out, (T, H), torch.bfloat16, dev)
+    blk = _plan.row_block(dev)
+    if T:
+        combine_rows_kernel[(T, triton.cdiv(H, blk))](
+            y, topk_w, row_map if row_map is not None else y, out, H,
+            TOPK=A, HAS_MAP=row_map is not None, BLOCK=blk)
+    return out
+
+
+def _check_moe(x, topk_ids, topk_w, gu_p, gu_s, dn_p, dn_s):
+    check_tensor("x", x, FLOAT_DTYPES, (2,))
+    check_tensor("topk_ids", topk_ids, (torch.int32, torch.int64), (2,))
+    check_tensor("topk_w", topk_w, FLOAT_DTYPES, (2,))
+    check_tensor("gate_up_packed", gu_p, (torch.uint8,), (3,))
+    check_tensor("down_packed", dn_p, (torch.uint8,), (3,))
+    T, H = x.shape
+    E, two_i = gu_p.shape[0], gu_p.shape[1]
+    if two_i % 2:
+        raise ValueError(f"gate_up_packed must have an even row count 2I (gate rows, then up rows), got {two_i}")
+    I = two_i // 2
+    check_packed(gu_p, gu_s, 2 * I, H, names=("gate_up_packed", "gate_up_scales"))
+    check_packed(dn_p, dn_s, H, I, names=("down_packed", "down_scales"))
+    if dn_p.shape[0] != E:
+        raise ValueError(f"down_packed must have E = {E} experts like gate_up_packed, got {dn_p.shape[0]}")
+    if topk_ids.shape[0] != T:
+        raise ValueError(f"topk_ids must have shape (T, A) with T = {T}, got {tuple(topk_ids.shape)}")
+    check_shape("topk_w", topk_w, topk_ids.shape)
+    check_contiguous(x=x, topk_ids=topk_ids, topk_w=topk_w, gate_up_packed=gu_p, gate_up_scales=gu_s,
+                     down_packed=dn_p, down_scales=dn_s)
+    check_devices(x=x, topk_ids=topk_ids, topk_w=topk_w, gate_up_packed=gu_p, gate_up_scales=gu_s,
+                  down_packed=dn_p, down_scales=dn_s)
+    check_ids("topk_ids", topk_ids, E)
+    return T, H, I, E
+
+
+def moe_decode_step(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales,
+                    *, split_k=None, plan=None):
+    """MoE FFN for T tokens through routed GEMVs: x [T, H] float -> bf16 [T, H].
+
+    topk_ids int [T, A] in [0, E), topk_w float [T, A] (router weights, applied in float32);
+    gate_up_packed uint8 [E, 2I, H/2] + float16 scales [E, 2I, H/32] (gate rows first);
+    down_packed uint8 [E, H, I/2] + float16 scales [E, H, I/32]. `split_k` applies to both GEMVs
+    (None: the launch plan's choice per shape); `plan` (a GemvPlan) overrides the table row.
+    """
+    T, H, I, E = _check_moe(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales)
+    A = topk_ids.shape[1]
+    L = T * A
+    eids = topk_ids.reshape(-1)
+    fuse = (plan or _plan.table_plan(x.device)).fuse_quant
+    kw = dict(split_k=split_k, plan=plan)
+    # gate_up: row r = t*A + j reads token t (r // A); x quantised in the GEMV prologue or just before it.
+    if fuse:
+        h = _launch_gemv(x, None, gate_up_packed, gate_up_scales, eids, 2 * I, H, L, x_mode=X_FLOAT,
+                         rows_per_x=A, **kw)
+    else:
+        xq, xs = quant_x_rows(x)
+        h = _launch_gemv(xq, xs, gate_up_packed, gate_up_scales, eids, 2 * I, H, L, rows_per_x=A, **kw)
+    # down: SwiGLU + quantisation of h (prologue or its own launch); the combine rides on the split-K
+    # reduce when there is one.
+    a, a_s, mode = (h, None, X_SWIGLU) if fuse else (*swiglu_quant_rows(h), X_CODES)
+    sk = _launch_plan_split(H, I, L, x.device, split_k, plan)
+    if sk > 1:
+        return _launch_gemv(a, a_s, down_packed, down_scales, eids, H, I, L, split_k=sk, plan=plan, x_mode=mode,
+                            topk_w=topk_w)
+    y = _launch_gemv(a, a_s, down_packed, down_scales, eids, H, I, L, split_k=1, plan=plan, x_mode=mode)
+    return combine_rows(y, topk_w)
+
+
+def _launch_plan_split(N, K, R, device, split_k, plan):
+    if split_k is None and plan is not None:
+        split_k = plan.split_k
+    fields = {} if plan is None else {f: getattr(plan, f) for f in _PLAN_FIELDS}
+    return _plan.gemv_plan(N, K, R, device, split_k=split_k, **fields).split_k
+
+
+def moe_decode_grouped(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales,
+                       *, block_m=16):
+    """moe_decode_step's contract through build_group_tiles + gemm_int4_b32_grouped (a few tokens)."""
+    T, H, I, E = _check_moe(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales)
+    A = topk_ids.shape[1]
+    xq, xs = quant_x_rows(x)
+    tiles = build_group_tiles(topk_ids, E, block_m)
+    order = tiles.order.long()
+    tok = order // A                             # token of each sorted row
+    tile_args = (tiles.row0, tiles.rows, tiles.group)
+    h = gemm_int4_b32_grouped(xq[tok], xs[tok], gate_up_packed, gate_up_scales, *tile_args, block_m=block_m)
+    aq, as_ = swiglu_quant_rows(h)
+    y = gemm_int4_b32_grouped(aq, as_, down_packed, down_scales, *tile_args, block_m=block_m)
+    inv = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+    return combine_rows(y, topk_w, row_map=inv)
+
+
+def moe_decode_ref(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales):
+    """CPU reference with the kernels' quantisation points and bf16 roundings, float64 sums: [T, H] float32."""
+    from ..format import dequant_int4_ref, quant_x_rows_ref
+    from .quant import swiglu_quant_rows_ref
+    x, ids, tw = x.cpu(), topk_ids.cpu().long(), topk_w.cpu().double()
+    H, I = x.shape[1], gate_up_packed.shape[1] // 2
+    gu = dequant_int4_ref(gate_up_packed.cpu(), gate_up_scales.cpu(), 2 * I, H).double()
+    dn = dequant_int4_ref(down_packed.cpu(), down_scales.cpu(), H, I).double()
+
+    def deq_rows(q, s):
+        return (q.double().reshape(q.shape[0], -1, 32) * s.double()[..., None]).reshape(q.shape[0], -1)
+
+    xq, xs = quant_x_rows_ref(x)
+    xd = deq_rows(xq, xs)
+    out = torch.zeros(x.shape[0], H, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            h = (gu[e] @ xd[t]).float().bfloat16()[None]                      # [1, 2I] as the kernel rounds
+            aq, as_ = swiglu_quant_rows_ref(h)
+            y = (dn[e] @ deq_rows(aq, as_)[0]).float().bfloat16().double()
+            out[t] += tw[t, j] * y
+    return out.float()

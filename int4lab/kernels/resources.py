@@ -1,0 +1,107 @@
+"""Compile the GEMV for a GPU target without a GPU and report what the compiler did with it.
+
+    TRITON_INTERPRET=0 python -m int4lab.kernels.resources [--arch 90] [--out notes/gemv_resources_sm90.json]
+
+For each launch-plan variant: registers per thread and spill bytes (ptxas -v, run on Triton's PTX with
+Triton's bundled ptxas), shared memory, and a count of the SASS instructions that matter here: the MMAs
+(HGMMA/IGMMA = Hopper warpgroup MMA, IMMA = mma.sync on int8), local-memory traffic (LDL/STL, i.e. spills),
+barriers and shuffles (cross-thread reductions), CALLs (the IEEE-division slow path of div_rn). Counts are
+static (instructions in the binary), not executed instructions. No device time: it answers "did the tile spill, is the
+MMA the one we meant" before a timing run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+SASS_OPS = ("HGMMA", "IGMMA", "IMMA", "HMMA", "LDL", "STL", "BAR", "SHFL", "LDS", "STS", "LDG", "IMAD", "LOP3",
+            "PRMT", "FFMA", "MUFU", "CALL")
+
+# (label, block_n, block_k, num_warps, num_stages, defer_reduce, x_mode)
+VARIANTS = [("v1 bn64 w4 s4, fused quant", 64, 512, 4, 4, False, 1),
+            ("v1 bn128 w8 s3, fused quant (sm90 table)", 128, 512, 8, 3, False, 1),
+            ("v1 bn128 w8 s3, codes in", 128, 512, 8, 3, False, 0),
+            ("v1 bn64 w4 s3 bk1024, fused quant", 64, 1024, 4, 3, False, 1),
+            ("v2 bn64 w4 s4 defer, codes in", 64, 512, 4, 4, True, 0),
+            ("v2 bn128 w8 s3 defer, codes in", 128, 512, 8, 3, True, 0),
+            ("v2 bn128 w8 s3 defer, fused quant", 128, 512, 8, 3, True, 1),
+            ("v2 bn128 w8 s4 bk256 defer, codes in", 128, 256, 8, 4, True, 0),
+            ("v2 bn64 w4 s4 bk256 defer, codes in", 64, 256, 4, 4, True, 0),
+            ("v1 bn128 w8 s4 bk256, fused quant", 128, 256, 8, 4, False, 1)]
+
+
+def _tool(name):
+    import triton
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+
+
+def compile_variant(bn, bk, nw, ns, defer, x_mode, arch=90):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .gemv import gemv_int4_b32_kernel
+    x_ty = "*i8" if x_mode == 0 else "*bf16"
+    sig = {"x_ptr": x_ty, "xs_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*fp16", "eid_ptr": "*i32",
+           "out_ptr": "*bf16", "part_ptr": "*fp32", "R": "i32", "N": "i32", "K": "i32", "E": "i32",
+           "stride_x": "i32", "stride_xs": "i32"}
+    cst = {"X_MODE": x_mode, "ROWS_PER_X": 1, "TILES_PER_SPLIT": 8, "BLOCK_N": bn, "BLOCK_K": bk,
+           "HAS_EIDS": False, "WRITE_PARTIAL": False, "DEFER_REDUCE": defer, "NB_PAD": max(16, bk // 32)}
+    sig.update({k: "constexpr" for k in cst})
+    return triton.compile(ASTSource(fn=gemv_int4_b32_kernel, signature=sig, constexprs=cst),
+                          target=GPUTarget("cuda", arch, 32), options={"num_warps": nw, "num_stages": ns})
+
+
+def report(kernel, arch=90) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        ptx, cubin = Path(d) / "k.ptx", Path(d) / "k.cubin"
+        ptx.write_text(kernel.asm["ptx"])
+        cubin.write_bytes(kernel.asm["cubin"])
+        v = subprocess.run([str(_tool("ptxas")), f"-arch=sm_{arch}a" if arch >= 90 else f"-arch=sm_{arch}", "-v",
+                            str(ptx), "-o", str(Path(d) / "v.cubin")], capture_output=True, text=True).stderr
+        sass = subprocess.run([str(_tool("cuobjdump")), "--dump-sass", str(cubin)], capture_output=True,
+                              text=True).stdout
+    regs = re.search(r"Used (\d+) registers", v)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", v)
+    inst = re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9.]+)", sass)    # /*addr*/ [@P] OP.mod
+    ops = Counter(m.group(1).split(".")[0] for m in inst)
+    return {"registers": int(regs.group(1)) if regs else None,
+            "spill_store_bytes": int(spill.group(1)) if spill else None,
+            "spill_load_bytes": int(spill.group(2)) if spill else None,
+            "shared_bytes": kernel.metadata.shared,
+            "sass_counts": {k: ops.get(k, 0) for k in SASS_OPS}}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", type=int, default=90, help="compute capability to compile for (90 = H100/H200)")
+    ap.add_argument("--out", type=Path, default=None, help="also write the table as JSON here")
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise SystemExit("set TRITON_INTERPRET=0: this compiles for a GPU target instead of interpreting")
+    rows = []
+    for label, *cfg in VARIANTS:
+        r = {"variant": label, **report(compile_variant(*cfg, arch=args.arch), args.arch)}
+        rows.append(r)
+        c = r["sass_counts"]
+        print(f"{label:44s} regs {r['registers']!s:>4} spill st/ld {r['spill_store_bytes']!s:>5}/"
+              f"{r['spill_load_bytes']!s:<5} smem {r['shared_bytes']:6d}  " +
+              " ".join(f"{k} {c[k]}" for k in ("IGMMA", "LDL", "STL", "BAR", "SHFL", "IMAD", "FFMA", "CALL")),
+              flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        import triton
+        args.out.write_text(json.dumps({"arch": args.arch, "triton": triton.__version__,
+                                        "command": "TRITON_INTERPRET=0 python -m int4lab.kernels.resources",
+                                        "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

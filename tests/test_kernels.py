@@ -1,0 +1,489 @@
+"""Decode kernels against float64 references of the same int4 values and int8 activations.
+
+Shapes are tiny because on a CPU machine every kernel runs in Triton's interpreter; the same tests run
+on CUDA when a GPU is present (graph-capture tests only there). Output buffers are poisoned first.
+Shape legend: E = experts, N = out features, K = in features, R = activation rows.
+"""
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from conftest import poison
+
+import int4lab as il
+from int4lab.format import quant_x_rows_ref
+from int4lab.kernels import (build_group_tiles, combine_rows, gemm_int4_b32_grouped, gemv_int4_b32, gemv_plan,
+                             int4_linear, moe_decode_grouped, moe_decode_step, quant_x_rows, reduce_partials,
+                             swiglu_quant_rows)
+from int4lab.kernels import _validate
+from int4lab.kernels import gemv as gemv_mod
+from int4lab.kernels.gemv import X_FLOAT, X_SWIGLU, _launch_gemv, gemv_ref
+from int4lab.kernels.moe import moe_decode_ref
+from int4lab.kernels.plan import choose_split_k, table_plan
+from int4lab.kernels.quant import swiglu_quant_rows_ref
+
+BF16_TOL = 2.0 ** -7        # bf16 output rounding is <= 2^-8 relative; the issue's bound is 2^-7 of max|ref|
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a CUDA device")
+
+
+def pack(E, N, K, device, scale=0.1):
+    p, s = il.pack_int4_b32(torch.randn(E, N, K) * scale)
+    return p.to(device), s.to(device)
+
+
+def assert_close_bf16(out, ref):
+    assert out.dtype == torch.bfloat16
+    assert not out.isnan().any(), "unwritten (poisoned) or NaN elements"
+    err = (out.float().cpu() - ref.float().cpu()).abs().max()
+    assert err <= BF16_TOL * ref.abs().max(), f"max err {float(err):.3g} vs max|ref| {float(ref.abs().max()):.3g}"
+
+
+# ---------------------------------------------------------------- quant_x_rows
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("R,K", [(1, 32), (16, 288), (3, 800)])
+def test_quant_x_rows_bit_identical(device, dtype, R, K):
+    x = (torch.randn(R, K) * torch.logspace(-3, 2, K)).to(dtype)
+    x[0, :32] = 0                                   # an all-zero block: scale 1e-12, codes 0
+    if K > 64:
+        x[-1, 32:64] = 2.5                          # a constant block: every code exactly 127
+    q, s = quant_x_rows(x.to(device), q=poison(torch.empty(R, K, dtype=torch.int8, device=device)),
+                        s=poison(torch.empty(R, K // 32, device=device)))
+    rq, rs = quant_x_rows_ref(x)                    # on the CPU: torch on CUDA divides by 127 via a reciprocal
+    assert torch.equal(q.cpu(), rq)
+    assert torch.equal(s.cpu().view(torch.int32), rs.view(torch.int32))
+
+
+def test_quant_x_rows_strided_rows(device):
+    x = torch.randn(4, 2, 64).bfloat16().to(device)[:, 1]       # rows strided, last dim dense
+    q, s = quant_x_rows(x)
+    rq, rs = quant_x_rows_ref(x.cpu())
+    assert torch.equal(q.cpu(), rq) and torch.equal(s.cpu(), rs)
+
+
+def test_swiglu_quant_rows(device):
+    h = (torch.randn(5, 2 * 96) * 3).bfloat16()
+    q, s = swiglu_quant_rows(h.to(device))
+    rq, rs = swiglu_quant_rows_ref(h)
+    assert (q.cpu().int() - rq.int()).abs().max() <= 1             # exp may differ in the last bit
+    torch.testing.assert_close(s.cpu(), rs, rtol=1e-6, atol=0)
+
+
+# ---------------------------------------------------------------- gemv_int4_b32
+@pytest.mark.parametrize("R,N,K,E,split_k", [
+    (1, 16, 512, 1, 1),          # one full tile
+    (1, 50, 800, 3, 1),          # N not a multiple of the block, K not a multiple of the 512 tile
+    (16, 24, 96, 4, 1),          # R = 16, K below one tile
+    (5, 40, 1536, 3, 2),         # split-K over 3 tiles: one split owns 2, the other 1
+    (3, 33, 2048, 2, 4),
+])
+def test_gemv_matches_reference(device, R, N, K, E, split_k):
+    packed, scales = pack(E, N, K, device)
+    x = torch.randn(R, K).bfloat16().to(device)
+    xq, xs = quant_x_rows(x)
+    eids = torch.randint(0, E, (R,), dtype=torch.int32)
+    if R > 2:
+        eids[:2] = E - 1                          # repeated and unsorted ids
+    eids = eids.to(device)
+    out = poison(torch.empty(R, N, dtype=torch.bfloat16, device=device))
+    part = poison(torch.empty(split_k, R, N, device=device)) if split_k > 1 else None
+    got = gemv_int4_b32(xq, xs, packed, scales, eids, N, K, part=part, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    assert_close_bf16(got, gemv_ref(xq, xs, packed, scales, eids, N, K))
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(R=st.integers(1, 16), N=st.integers(1, 70), kb=st.integers(1, 40), E=st.integers(1, 4),
+       split_k=st.integers(1, 4), data=st.data())
+def test_gemv_random_shapes(device, R, N, kb, E, split_k, data):
+    """Any legal shape: K = 32 * kb (tails inside a tile), N below/above a block, ids drawn at random."""
+    K = 32 * kb
+    packed, scales = pack(E, N, K, device)
+    xq, xs = quant_x_rows(torch.randn(R, K).to(device))
+    eids = torch.tensor(data.draw(st.lists(st.integers(0, E - 1), min_size=R, max_size=R)), dtype=torch.int32,
+                        device=device)
+    out = poison(torch.empty(R, N, dtype=torch.bfloat16, device=device))
+    got = gemv_int4_b32(xq, xs, packed, scales, eids, N, K, out=out, split_k=split_k)
+    assert_close_bf16(got, gemv_ref(xq, xs, packed, scales, eids, N, K))
+
+
+@pytest.mark.parametrize("split_k", [1, 2, 3, 5, 8, 16])
+def test_gemv_split_k_deterministic(device, split_k):
+    R, N, K, E = 2, 16, 16 * 512, 2               # 16 tiles of 512: every split owns real work
+    packed, scales = pack(E, N, K, device)
+    xq, xs = quant_x_rows(torch.randn(R, K).to(device))
+    eids = torch.tensor([1, 0], dtype=torch.int32, device=device)
+    ref = gemv_ref(xq, xs, packed, scales, eids, N, K)
+    runs = []
+    for _ in range(2):
+        out = poison(torch.empty(R, N, dtype=torch.bfloat16, device=device))
+        part = poison(torch.empty(split_k, R, N, device=device))
+        runs.append(gemv_int4_b32(xq, xs, packed, scales, eids, N, K, part=part, out=out, split_k=split_k))
+    assert_close_bf16(runs[0], ref)
+    assert torch.equal(runs[0].view(torch.int16), runs[1].view(torch.int16)), "repeated calls differ in bits"
+
+
+def test_gemv_stride0_rows(device):
+    """One token routed to A experts: its row expanded with stride 0, no copy."""
+    N, K, E, A = 20, 256, 4, 3
+    packed, scales = pack(E, N, K, device)
+    xq, xs = quant_x_rows(torch.randn(1, K).to(device))
+    eids = torch.tensor([3, 0, 2], dtype=torch.int32, device=device)
+    got = gemv_int4_b32(xq.expand(A, K), xs.expand(A, K // 32), packed, scales, eids, N, K)
+    assert_close_bf16(got, gemv_ref(xq.expand(A, K), xs.expand(A, K // 32), packed, scales, eids, N, K))
+
+
+def test_gemv_bad_id_guard_gives_nan(device):
+    """The device-side guard used under capture: a bad id reads no expert memory and writes NaN."""
+    N, K, E = 16, 64, 2
+    packed, scales = pack(E, N, K, device)
+    xq, xs = quant_x_rows(torch.randn(3, K).to(device))
+    eids = torch.tensor([1, 7, -1], dtype=torch.int32, device=device)
+    out = _launch_gemv(xq, xs, packed, scales, eids, N, K, 3)
+    assert not out[0].isnan().any() and out[1:].isnan().all()
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_fused_prologues_equal_separate_kernels(device, split_k):
+    """Quantising (or SwiGLU + quantising) inside the GEMV gives the same bits as the separate kernels."""
+    N, K, E = 24, 1024, 3
+    packed, scales = pack(E, N, K, device)
+    eids = torch.tensor([2, 0, 2, 1], dtype=torch.int32, device=device)
+    x = (torch.randn(2, K) * 3).bfloat16().to(device)
+    fused = _launch_gemv(x, None, packed, scales, eids, N, K, 4, split_k=split_k, x_mode=X_FLOAT, rows_per_x=2)
+    xq, xs = quant_x_rows(x)
+    sep = gemv_int4_b32(xq.repeat_interleave(2, 0), xs.repeat_interleave(2, 0), packed, scales, eids, N, K,
+                        split_k=split_k)
+    assert torch.equal(fused.view(torch.int16), sep.view(torch.int16))
+    h = (torch.randn(4, 2 * K) * 2).bfloat16().to(device)
+    fused = _launch_gemv(h, None, packed, scales, eids, N, K, 4, split_k=split_k, x_mode=X_SWIGLU)
+    aq, as_ = swiglu_quant_rows(h)
+    sep = gemv_int4_b32(aq, as_, packed, scales, eids, N, K, split_k=split_k)
+    assert torch.equal(fused.view(torch.int16), sep.view(torch.int16))
+
+
+@pytest.mark.parametrize("defer_reduce,block_k", [(False, 512), (True, 512), (False, 256), (True, 256)])
+def test_plan_variants(device, defer_reduce, block_k):
+    """Every launch-plan variant computes the same function; fuse_quant on/off gives the same bits."""
+    N, K, E = 40, 1536 - 32 * (block_k == 256), 3          # with block_k 256: a K tail inside a tile
+    base = dataclasses.replace(table_plan(device), defer_reduce=defer_reduce, block_k=block_k, block_n=32,
+                               num_warps=4)
+    packed, scales = pack(E, N, K, device)
+    xq, xs = quant_x_rows(torch.randn(4, K).to(device))
+    eids = torch.tensor([2, 0, 1, 2], dtype=torch.int32, device=device)
+    ref = gemv_ref(xq, xs, packed, scales, eids, N, K)
+    for sk in (1, 3):
+        out = poison(torch.empty(4, N, dtype=torch.bfloat16, device=device))
+        assert_close_bf16(gemv_int4_b32(xq, xs, packed, scales, eids, N, K, out=out, split_k=sk, plan=base), ref)
+    x = torch.randn(3, K).bfloat16().to(device)
+    lin = [int4_linear(x, packed[1], scales[1], plan=dataclasses.replace(base, fuse_quant=f)) for f in (True, False)]
+    assert torch.equal(lin[0].view(torch.int16), lin[1].view(torch.int16))
+    w = moe_weights(4, 64, 64, device)
+    xm = torch.randn(2, 64).bfloat16().to(device)
+    ids = torch.tensor([[0, 3], [2, 0]], dtype=torch.int32, device=device)
+    tw = torch.rand(2, 2).to(device)
+    ref = moe_decode_ref(xm, ids, tw, *w)
+    for fq in (True, False):
+        for sk in (1, 2):
+            got = moe_decode_step(xm, ids, tw, *w, split_k=sk, plan=dataclasses.replace(base, fuse_quant=fq))
+            assert_close_bf16(got, ref)
+
+
+def test_reduce_partials_fixed_order(device):
+    sk, R, N = 5, 3, 70
+    part = (torch.randn(sk, R, N) * 1e3).to(device)
+    out = reduce_partials(part, sk, R, N, out=poison(torch.empty(R, N, dtype=torch.bfloat16, device=device)))
+    acc = part[0].cpu().clone()
+    for s in range(1, sk):
+        acc += part[s].cpu()                       # the documented order, float32
+    assert torch.equal(out.cpu().view(torch.int16), acc.bfloat16().view(torch.int16))
+
+
+@pytest.mark.parametrize("act", ["int8", "bf16"])
+def test_int4_linear(device, act, monkeypatch):
+    monkeypatch.setattr(gemv_mod, "MAX_GRID_ROWS", 4)      # 6 rows: exercise the row chunking
+    N, K = 40, 320
+    packed, scales = pack(1, N, K, device)
+    x = torch.randn(2, 3, K).bfloat16().to(device)
+    got = int4_linear(x, packed[0], scales[0], act=act)
+    assert got.shape == (2, 3, N)
+    w = il.dequant_int4_ref(packed[0].cpu(), scales[0].cpu(), N, K).double()
+    x2 = x.reshape(-1, K).cpu()
+    if act == "int8":
+        q, s = quant_x_rows_ref(x2)
+        x2 = (q.double().reshape(6, -1, 32) * s.double()[..., None]).reshape(6, K)
+    assert_close_bf16(got.reshape(6, N), (x2.double() @ w.T).float())
+
+
+# ---------------------------------------------------------------- grouped
+@pytest.mark.parametrize("E,block_m,L", [(4, 16, 6), (8, 16, 16), (3, 32, 40), (5, 16, 0)])
+def test_build_group_tiles(device, E, block_m, L):
+    ids = torch.randint(0, E, (L,), dtype=torch.int64)
+    if L:
+        ids[ids == 1] = 0                          # expert 1 gets zero rows
+    t = build_group_tiles(ids.to(device), E, block_m)
+    order, counts, row0, rows, group = (v.cpu() for v in t)
+    assert len(row0) == -(-L // block_m) + E       # the static budget
+    assert torch.equal(counts, torch.bincount(ids, minlength=E).int())
+    assert torch.equal(order.long(), torch.sort(ids, stable=True).indices)
+    sorted_ids = ids[order.long()]
+    covered = torch.zeros(L, dtype=torch.int64)
+    for r0, n, g in zip(row0.tolist(), rows.tolist(), group.tolist()):
+        assert 0 <= n <= block_m
+        if n:
+            assert (sorted_ids[r0:r0 + n] == g).all()
+            covered[r0:r0 + n] += 1
+    assert (covered == 1).all(), "every routed row in exactly one tile"
+
+
+@pytest.mark.parametrize("E,N,K,L,block_m", [(4, 24, 64, 6, 16), (3, 40, 96, 16, 16), (2, 16, 64, 20, 32)])
+def test_grouped_gemm_matches_reference(device, E, N, K, L, block_m):
+    packed, scales = pack(E, N, K, device)
+    ids = torch.randint(0, E, (L,), dtype=torch.int32)
+    ids[ids == E - 1] = 0                          # an expert with zero rows
+    ids = ids.to(device)
+    t = build_group_tiles(ids, E, block_m)
+    xq, xs = quant_x_rows(torch.randn(L, K).to(device))
+    aq, as_ = xq[t.order.long()], xs[t.order.long()]
+    out = poison(torch.empty(L, N, dtype=torch.bfloat16, device=device))
+    got = gemm_int4_b32_grouped(aq, as_, packed, scales, t.row0, t.rows, t.group, out=out, block_m=block_m)
+    ref = gemv_ref(aq, as_, packed, scales, ids[t.order.long()], N, K)
+    assert_close_bf16(got, ref)
+    again = gemm_int4_b32_grouped(aq, as_, packed, scales, t.row0, t.rows, t.group, block_m=block_m)
+    assert torch.equal(got.view(torch.int16), again.view(torch.int16))
+
+
+def test_grouped_invalid_ids_under_capture_give_nan(device, monkeypatch):
+    """Pretend to capture: the id check is skipped, bad ids land in bucket E, their rows come out NaN."""
+    monkeypatch.setattr(_validate, "capturing", lambda: True)
+    E, N, K = 3, 16, 64
+    packed, scales = pack(E, N, K, device)
+    ids = torch.tensor([2, 9, 0, -3, 2], dtype=torch.int32, device=device)
+    t = build_group_tiles(ids, E, 16)
+    assert t.counts.cpu().tolist() == [1, 0, 2]
+    xq, xs = quant_x_rows(torch.randn(5, K).to(device))
+    o = t.order.long()
+    got = gemm_int4_b32_grouped(xq[o], xs[o], packed, scales, t.row0, t.rows, t.group).cpu()
+    bad = (ids.cpu()[o.cpu()] < 0) | (ids.cpu()[o.cpu()] >= E)
+    assert got[bad].isnan().all() and not got[~bad].isnan().any()
+
+
+# ---------------------------------------------------------------- MoE step
+def moe_weights(E, H, I, device):
+    gp, gs = pack(E, 2 * I, H, device, scale=0.2)
+    dp, ds = pack(E, H, I, device, scale=0.2)
+    return gp, gs, dp, ds
+
+
+@pytest.mark.parametrize("T,A", [(1, 2), (2, 3)])
+def test_moe_decode_step_and_grouped(device, T, A):
+    E, H, I = 4, 64, 64
+    w = moe_weights(E, H, I, device)
+    x = torch.randn(T, H).bfloat16().to(device)
+    ids = torch.stack([torch.randperm(E)[:A] for _ in range(T)]).int().to(device)
+    tw = torch.softmax(torch.randn(T, A), -1).to(device)
+    ref = moe_decode_ref(x, ids, tw, *w)
+    # The reference re-rounds each bf16 intermediate like the kernels, but a sum landing within an ulp of a
+    # rounding boundary may still flip one activation code; the bound below leaves room for that.
+    for got in (moe_decode_step(x, ids, tw, *w), moe_decode_step(x, ids, tw, *w, split_k=2),
+                moe_decode_grouped(x, ids, tw, *w)):
+        assert got.shape == (T, H)
+        assert_close_bf16(got, ref)
+
+
+def test_combine_rows_order(device):
+    T, A, H = 2, 3, 50
+    y = torch.randn(T * A, H).bfloat16().to(device)
+    tw = torch.rand(T, A).to(device)
+    got = combine_rows(y, tw, out=poison(torch.empty(T, H, dtype=torch.bfloat16, device=device))).cpu()
+    acc = torch.zeros(T, H)
+    for j in range(A):
+        acc += tw.cpu()[:, j:j + 1] * y.cpu().float().view(T, A, H)[:, j]
+    assert torch.equal(got.view(torch.int16), acc.bfloat16().view(torch.int16))
+
+
+# ---------------------------------------------------------------- launch plan
+def test_plan_split_rule():
+    assert choose_split_k(n_programs=64, k_tiles=28, sms=132, waves=4.0) == 16
+    assert choose_split_k(n_programs=1024, k_tiles=8, sms=132, waves=4.0) == 1
+    assert choose_split_k(n_programs=64, k_tiles=3, sms=132, waves=4.0) == 2      # never more than K tiles
+    p = gemv_plan(4096, 14336, 1, "cpu")
+    assert p.split_k >= 1 and p.block_k % 512 == 0
+    with pytest.raises(ValueError, match="split_k"):
+        gemv_plan(64, 512, 1, "cpu", split_k=17)
+    with pytest.raises(ValueError, match="block_k = 256 or a multiple of 512"):
+        gemv_plan(64, 512, 1, "cpu", block_k=384)
+
+
+# ---------------------------------------------------------------- bad inputs
+def test_bad_inputs(device):
+    N, K, E = 16, 64, 2
+    packed, scales = pack(E, N, K, device)
+    xq, xs = quant_x_rows(torch.randn(2, K).to(device))
+    eids = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    with pytest.raises(TypeError, match="x must have dtype"):
+        quant_x_rows(torch.ones(2, K, dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quant_x_rows(torch.randn(2, 48, device=device))
+    with pytest.raises(ValueError, match="contiguous last dimension"):
+        quant_x_rows(torch.randn(K, 2, device=device).t())
+    with pytest.raises(ValueError, match=r"eids must lie in \[0, E\)"):
+        gemv_int4_b32(xq, xs, packed, scales, torch.tensor([0, 2], dtype=torch.int32, device=device), N, K)
+    with pytest.raises(ValueError, match=r"eids must lie in \[0, E\)"):
+        gemv_int4_b32(xq, xs, packed, scales, torch.tensor([-1, 0], dtype=torch.int32, device=device), N, K)
+    with pytest.raises(TypeError, match="eids must have dtype"):
+        gemv_int4_b32(xq, xs, packed, scales, eids.float(), N, K)
+    with pytest.raises(ValueError, match="eids must have shape"):
+        gemv_int4_b32(xq, xs, packed, scales, eids[:1], N, K)
+    with pytest.raises(TypeError, match="xq must have dtype"):
+        gemv_int4_b32(xq.float(), xs, packed, scales, eids, N, K)
+    with pytest.raises(ValueError, match="xq must have shape"):
+        gemv_int4_b32(xq[:, :32], xs, packed, scales, eids, N, K)
+    with pytest.raises(ValueError, match="xs must have shape"):
+        gemv_int4_b32(xq, xs[:, :1], packed, scales, eids, N, K)
+    with pytest.raises(ValueError, match="K must be a positive multiple of 32"):
+        gemv_int4_b32(xq, xs, packed, scales, eids, N, 40)
+    with pytest.raises(ValueError, match="packed must have trailing shape"):
+        gemv_int4_b32(xq, xs, packed, scales, eids, N + 1, K)
+    with pytest.raises(TypeError, match="scales must have dtype"):
+        gemv_int4_b32(xq, xs, packed, scales.float(), eids, N, K)
+    with pytest.raises(ValueError, match="packed must be contiguous"):
+        gemv_int4_b32(xq, xs, packed.transpose(0, 1).contiguous().transpose(0, 1), scales, eids, N, K)
+    with pytest.raises(ValueError, match="packed must have rank 3"):
+        gemv_int4_b32(xq, xs, packed[0], scales[0], eids, N, K)
+    with pytest.raises(ValueError, match="split_k must be"):
+        gemv_int4_b32(xq, xs, packed, scales, eids, N, K, split_k=0)
+    with pytest.raises(ValueError, match="part must have shape"):
+        gemv_int4_b32(xq, xs, packed, scales, eids, N, K, part=torch.empty(2, 2, N + 1, device=device))
+    with pytest.raises(TypeError, match="out must have dtype bfloat16"):
+        gemv_int4_b32(xq, xs, packed, scales, eids, N, K, out=torch.empty(2, N, device=device))
+    with pytest.raises(ValueError, match="out must have shape"):
+        gemv_int4_b32(xq, xs, packed, scales, eids, N, K, out=torch.empty(3, N, dtype=torch.bfloat16,
+                                                                           device=device))
+    with pytest.raises(ValueError, match="part must have shape"):
+        reduce_partials(torch.empty(2, 3, 4, device=device), 3, 3, 4)
+    with pytest.raises(ValueError, match="act must be"):
+        int4_linear(torch.randn(2, K, device=device), packed[0], scales[0], act="fp8")
+    with pytest.raises(ValueError, match="dense layer"):
+        int4_linear(torch.randn(2, K, device=device), packed, scales)
+    with pytest.raises(ValueError, match="packed must have trailing shape"):
+        int4_linear(torch.randn(2, 2 * K, device=device), packed[0], scales[0])
+    with pytest.raises(ValueError, match="block_m must be a power of two"):
+        build_group_tiles(eids, E, 24)
+    with pytest.raises(ValueError, match=r"ids must lie in \[0, E\)"):
+        build_group_tiles(eids + 1, E, 16)
+    with pytest.raises(ValueError, match="E must be a positive int"):
+        build_group_tiles(eids, 0, 16)
+    t = build_group_tiles(eids, E, 16)
+    with pytest.raises(TypeError, match=r"row0 must have dtype in \(int32\)"):
+        gemm_int4_b32_grouped(xq, xs, packed, scales, t.row0.long(), t.rows, t.group)
+    with pytest.raises(ValueError, match="aq_sorted must have shape"):
+        gemm_int4_b32_grouped(xq[:, :32], xs, packed, scales, t.row0, t.rows, t.group)
+    gp, gs, dp, ds = moe_weights(E, K, 32, device)
+    ids2 = eids.view(1, 2)
+    with pytest.raises(ValueError, match="topk_w must have shape"):
+        moe_decode_step(torch.randn(1, K, device=device), ids2, torch.rand(1, 3, device=device), gp, gs, dp, ds)
+    with pytest.raises(ValueError, match="down_packed must have trailing shape"):
+        moe_decode_step(torch.randn(1, K, device=device), ids2, torch.rand(1, 2, device=device), gp, gs, gp, gs)
+    with pytest.raises(ValueError, match=r"topk_ids must lie in \[0, E\)"):
+        moe_decode_grouped(torch.randn(1, K, device=device), ids2 + 5, torch.rand(1, 2, device=device),
+                           gp, gs, dp, ds)
+
+
+def test_wrong_device_is_refused(device):
+    if device != "cuda":
+        pytest.skip("needs a second device type to mix")
+    N, K = 16, 64
+    packed, scales = pack(1, N, K, device)
+    xq, xs = quant_x_rows(torch.randn(1, K, device=device))
+    with pytest.raises(ValueError, match="must be on the same device"):
+        gemv_int4_b32(xq, xs, packed.cpu(), scales, torch.zeros(1, dtype=torch.int32, device=device), N, K)
+
+
+# ---------------------------------------------------------------- CUDA graphs
+@cuda_only
+def test_cuda_graph_capture_matches_eager(device):
+    E, H, I, A, T = 4, 256, 512, 2, 1
+    w = moe_weights(E, H, I, device)
+    x = torch.randn(T, H, device=device).bfloat16()
+    ids = torch.tensor([[3, 1]], dtype=torch.int32, device=device)
+    tw = torch.softmax(torch.randn(T, A, device=device), -1)
+    xs_ = torch.randn(3, 4, H, device=device).bfloat16()
+    ids3 = torch.tensor([[0, 2], [2, 3], [1, 0]], dtype=torch.int32, device=device)
+    tw3 = torch.rand(3, 2, device=device)
+    v2 = dataclasses.replace(table_plan(device), defer_reduce=True, fuse_quant=False)
+    eager = [moe_decode_step(x, ids, tw, *w, split_k=2), moe_decode_step(x, ids, tw, *w),
+             moe_decode_grouped(xs_[:, 0].contiguous(), ids3, tw3, *w), moe_decode_step(x, ids, tw, *w, plan=v2)]
+    x3 = xs_[:, 0].contiguous()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):                      # warm up (compiles) outside the capture
+        moe_decode_step(x, ids, tw, *w, split_k=2)
+        moe_decode_grouped(x3, ids3, tw3, *w)
+        moe_decode_step(x, ids, tw, *w, plan=v2)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        outs = [moe_decode_step(x, ids, tw, *w, split_k=2), moe_decode_step(x, ids, tw, *w),
+                moe_decode_grouped(x3, ids3, tw3, *w), moe_decode_step(x, ids, tw, *w, plan=v2)]
+    for o in outs:
+        poison(o)
+    g.replay()
+    torch.cuda.synchronize()
+    for o, e in zip(outs, eager):
+        assert torch.equal(o.view(torch.int16), e.view(torch.int16))
+    x.copy_(torch.randn_like(x))                    # new inputs, same graph
+    ids.copy_(torch.tensor([[0, 2]], device=device))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0].view(torch.int16), moe_decode_step(x, ids, tw, *w, split_k=2).view(torch.int16))
+
+
+DP4A = dict(kind="dp4a", fuse_quant=False, num_warps=4, num_stages=2)
+
+
+@pytest.mark.parametrize("block_n,block_k", [(16, 128), (32, 512)])
+def test_dp4a_plan(device, block_n, block_k):
+    """gemv_dp4a.py computes the same function: routed rows, K tails inside a tile, ragged N, split-K,
+    dense int4_linear and the MoE step; every output element written (poisoned buffers)."""
+    N, K, E = 41, 1056, 3                        # K = 33 blocks: a tail inside every tile size above
+    plan = dataclasses.replace(table_plan(device), block_n=block_n, block_k=block_k, **DP4A)
+    packed, scales = pack(E, N, K, device)
+    xq, xs = quant_x_rows(torch.randn(4, K).to(device))
+    eids = torch.tensor([2, 0, 2, 1], dtype=torch.int32, device=device)
+    ref = gemv_ref(xq, xs, packed, scales, eids, N, K)
+    for sk in (1, 3):
+        out = poison(torch.empty(4, N, dtype=torch.bfloat16, device=device))
+        got = gemv_int4_b32(xq, xs, packed, scales, eids, N, K, out=out, split_k=sk, plan=plan)
+        assert_close_bf16(got, ref)
+        again = gemv_int4_b32(xq, xs, packed, scales, eids, N, K, split_k=sk, plan=plan)
+        assert torch.equal(got.view(torch.int16), again.view(torch.int16))
+
+
+def test_dp4a_linear_and_moe(device):
+    """int4_linear and the MoE step through a dp4a plan agree with the MMA kernel and the reference."""
+    N, K, E = 41, 1056, 2
+    plan = dataclasses.replace(table_plan(device), block_n=16, block_k=256, **DP4A)
+    packed, scales = pack(E, N, K, device)
+    x = torch.randn(3, K).bfloat16().to(device)
+    mma = int4_linear(x, packed[1], scales[1], plan=dataclasses.replace(plan, kind="mma", block_n=32,
+                                                                           block_k=512))
+    assert_close_bf16(int4_linear(x, packed[1], scales[1], plan=plan), mma.float())
+    w = moe_weights(4, 64, 96, device)
+    xm = torch.randn(2, 64).bfloat16().to(device)
+    ids = torch.tensor([[0, 3], [2, 0]], dtype=torch.int32, device=device)
+    tw = torch.rand(2, 2).to(device)
+    for sk in (1, 2):
+        assert_close_bf16(moe_decode_step(xm, ids, tw, *w, split_k=sk, plan=plan), moe_decode_ref(xm, ids, tw, *w))
+
+
+def test_dp4a_plan_rules(device):
+    base = table_plan(device)
+    with pytest.raises(ValueError, match="fuse_quant=False"):
+        gemv_plan(64, 256, 1, device, **{**dataclasses.asdict(base), **DP4A, "fuse_quant": True,
+                                         "block_k": 256})
+    with pytest.raises(ValueError, match="power of two"):
+        gemv_plan(64, 256, 1, device, **{**dataclasses.asdict(base), **DP4A, "block_k": 96})
+    with pytest.raises(ValueError, match="kind"):
+        gemv_plan(64, 256, 1, device, kind="lut")
