@@ -28,9 +28,20 @@ def _blocks(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(*t.shape[:-1], t.shape[-1] // BLOCK, BLOCK)
 
 
+def true_div(a: torch.Tensor, d: float) -> torch.Tensor:
+    """a / d as the IEEE float32 quotient on every device (torch on CUDA turns `t / 7.0` into t * (1/7),
+    which differs in the last bit for some t; a tensor divisor keeps the true division)."""
+    return a / torch.full_like(a, d)
+
+
+def scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """float32 block amax -> float32 scale amax.clamp_min(1e-12) / 7 (the same bits on CPU and CUDA)."""
+    return true_div(amax.float().clamp_min(1e-12), 7.0)
+
+
 def block_scales(w: torch.Tensor) -> torch.Tensor:
     """float32 [..., K] -> float32 [..., K/32]: amax(|block|).clamp_min(1e-12) / 7."""
-    return _blocks(w.float()).abs().amax(-1).clamp_min(1e-12) / 7.0
+    return scale_from_amax(_blocks(w.float()).abs().amax(-1))
 
 
 def check_scale_range(s: torch.Tensor, name: str = "w") -> None:
@@ -124,6 +135,6 @@ def quant_x_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     check_k("x.shape[-1] (K)", x.shape[-1], BLOCK)
     check_finite("x", x)
     xb = _blocks(x.float())
-    s = xb.abs().amax(-1) / X_QMAX + 1e-12
+    s = true_div(xb.abs().amax(-1), float(X_QMAX)) + 1e-12
     q = torch.floor(xb / s.unsqueeze(-1) + 0.5).clamp_(-X_QMAX, X_QMAX).to(torch.int8)
     return q.reshape(x.shape), s

@@ -34,6 +34,7 @@ import torch
 
 from ._checks import FLOAT_DTYPES, check_finite, check_tensor
 from .format import (BLOCK, FP16_MAX, QMAX, QMIN, _blocks, _check_weight, block_scales, check_scale_range,
+                     scale_from_amax, true_div,
                      pack_codes, rtn_codes)
 
 DEFAULT_CLIP_GRID = tuple(round(1.0 - 0.01 * i, 2) for i in range(31))    # shrink factors 1.00 ... 0.70
@@ -204,7 +205,7 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, damp: float = 0.01, bl
                 g = k // BLOCK
                 if k % BLOCK == 0:           # entering a group: scale from the compensated weights
                     # clamp: compensation may lift amax a little past what the source check allowed
-                    S[:, g] = (W1[:, i:i + BLOCK].abs().amax(1).clamp_min(1e-12) / 7.0).clamp_max(FP16_MAX)
+                    S[:, g] = scale_from_amax(W1[:, i:i + BLOCK].abs().amax(1)).clamp_max(FP16_MAX)
                     S16[:, g] = S[:, g].to(torch.float16).float()
             w_col = W1[:, i]
             d = Hinv1[i, i]
@@ -275,7 +276,7 @@ def clip_scales(w: torch.Tensor, grid=DEFAULT_CLIP_GRID, hessian: torch.Tensor |
     amax = wb.abs().amax(-1).clamp_min(1e-12)
     best_s = best_err = None
     for f in [1.0] + [f for f in grid if f != 1.0]:
-        s = f * amax / 7.0
+        s = true_div(f * amax, 7.0)
         q = torch.round(wb / s.unsqueeze(-1)).clamp_(QMIN, QMAX)
         err = (hb * (wb - q * s.to(torch.float16).float().unsqueeze(-1)) ** 2).sum(-1)
         if best_s is None:

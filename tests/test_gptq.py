@@ -125,7 +125,8 @@ def test_dead_channels_stay_finite_and_zero():
 
 def test_not_positive_definite_retries_with_warning():
     N, K = 16, 64
-    H = 2.0 * torch.ones(K, K) - torch.eye(K)      # diag 1, eigenvalues 2K - 1 and -1: indefinite
+    H = 2.0 * torch.ones(K, K) - 1.5 * torch.eye(K)   # diag 0.5, eigenvalues 2K - 1.5 and -1.5: indefinite,
+    #                                                  and still indefinite at damp 1 (+0.5): no borderline case
     w = torch.randn(N, K)
     with pytest.warns(RuntimeWarning, match="not positive definite"):
         r = gptq_quantize(w, H)

@@ -21,7 +21,7 @@ from int4lab.kernels import _validate
 from int4lab.kernels import gemv as gemv_mod
 from int4lab.kernels.gemv import X_FLOAT, X_SWIGLU, _launch_gemv, gemv_ref
 from int4lab.kernels.moe import moe_decode_ref
-from int4lab.kernels.plan import choose_split_k, table_plan
+from int4lab.kernels.plan import MMA_PLAN, choose_split_k, table_plan
 from int4lab.kernels.quant import swiglu_quant_rows_ref
 
 BF16_TOL = 2.0 ** -7        # bf16 output rounding is <= 2^-8 relative; the issue's bound is 2^-7 of max|ref|
@@ -151,15 +151,17 @@ def test_fused_prologues_equal_separate_kernels(device, split_k):
     packed, scales = pack(E, N, K, device)
     eids = torch.tensor([2, 0, 2, 1], dtype=torch.int32, device=device)
     x = (torch.randn(2, K) * 3).bfloat16().to(device)
-    fused = _launch_gemv(x, None, packed, scales, eids, N, K, 4, split_k=split_k, x_mode=X_FLOAT, rows_per_x=2)
+    mma = dataclasses.replace(MMA_PLAN, block_n=32, num_warps=4)      # the fused prologues are the MMA kernel's
+    fused = _launch_gemv(x, None, packed, scales, eids, N, K, 4, split_k=split_k, x_mode=X_FLOAT, rows_per_x=2,
+                         plan=mma)
     xq, xs = quant_x_rows(x)
     sep = gemv_int4_b32(xq.repeat_interleave(2, 0), xs.repeat_interleave(2, 0), packed, scales, eids, N, K,
-                        split_k=split_k)
+                        split_k=split_k, plan=mma)
     assert torch.equal(fused.view(torch.int16), sep.view(torch.int16))
     h = (torch.randn(4, 2 * K) * 2).bfloat16().to(device)
-    fused = _launch_gemv(h, None, packed, scales, eids, N, K, 4, split_k=split_k, x_mode=X_SWIGLU)
+    fused = _launch_gemv(h, None, packed, scales, eids, N, K, 4, split_k=split_k, x_mode=X_SWIGLU, plan=mma)
     aq, as_ = swiglu_quant_rows(h)
-    sep = gemv_int4_b32(aq, as_, packed, scales, eids, N, K, split_k=split_k)
+    sep = gemv_int4_b32(aq, as_, packed, scales, eids, N, K, split_k=split_k, plan=mma)
     assert torch.equal(fused.view(torch.int16), sep.view(torch.int16))
 
 
@@ -167,7 +169,7 @@ def test_fused_prologues_equal_separate_kernels(device, split_k):
 def test_plan_variants(device, defer_reduce, block_k):
     """Every launch-plan variant computes the same function; fuse_quant on/off gives the same bits."""
     N, K, E = 40, 1536 - 32 * (block_k == 256), 3          # with block_k 256: a K tail inside a tile
-    base = dataclasses.replace(table_plan(device), defer_reduce=defer_reduce, block_k=block_k, block_n=32,
+    base = dataclasses.replace(MMA_PLAN, defer_reduce=defer_reduce, block_k=block_k, block_n=32,
                                num_warps=4)
     packed, scales = pack(E, N, K, device)
     xq, xs = quant_x_rows(torch.randn(4, K).to(device))
@@ -313,7 +315,7 @@ def test_plan_split_rule():
     with pytest.raises(ValueError, match="split_k"):
         gemv_plan(64, 512, 1, "cpu", split_k=17)
     with pytest.raises(ValueError, match="block_k = 256 or a multiple of 512"):
-        gemv_plan(64, 512, 1, "cpu", block_k=384)
+        gemv_plan(64, 512, 1, "cpu", block_k=384, kind="mma", fuse_quant=True)
 
 
 # ---------------------------------------------------------------- bad inputs
@@ -412,7 +414,7 @@ def test_cuda_graph_capture_matches_eager(device):
     xs_ = torch.randn(3, 4, H, device=device).bfloat16()
     ids3 = torch.tensor([[0, 2], [2, 3], [1, 0]], dtype=torch.int32, device=device)
     tw3 = torch.rand(3, 2, device=device)
-    v2 = dataclasses.replace(table_plan(device), defer_reduce=True, fuse_quant=False)
+    v2 = dataclasses.replace(MMA_PLAN, defer_reduce=True, fuse_quant=False)
     eager = [moe_decode_step(x, ids, tw, *w, split_k=2), moe_decode_step(x, ids, tw, *w),
              moe_decode_grouped(xs_[:, 0].contiguous(), ids3, tw3, *w), moe_decode_step(x, ids, tw, *w, plan=v2)]
     x3 = xs_[:, 0].contiguous()

@@ -55,11 +55,19 @@ class GroupedPlan:
 # Per generation. "interp" is the CPU interpreter, whose cost is per program and per op, not per element:
 # wide tiles, few programs.
 GEMV_TABLE = {
-    # H200 sweep 2026-12-02 (notes/perf.md, v1): fastest of the timed rows on the big expert shapes.
-    "sm90": GemvPlan(block_n=128, block_k=512, num_warps=8, num_stages=3, waves=4.0),
-    "sm80": GemvPlan(block_n=64, block_k=512, num_warps=4, num_stages=3, waves=4.0),
-    "interp": GemvPlan(block_n=64, block_k=512, num_warps=1, num_stages=1, waves=1.0),
+    # H200 sweep 2026-12-02 (notes/perf.md, v3): the dp4a kernel, the variant with the smallest geometric
+    # mean time over the 12 decode shapes (data/receipts/kernel_sweep_dp4a_h200.json); 3.8x faster than
+    # the v1 MMA row on 14336x4096.
+    "sm90": GemvPlan(block_n=32, block_k=1024, num_warps=4, num_stages=2, waves=4.0, fuse_quant=False,
+                     kind="dp4a"),
+    # Ampere/Ada have the same dp4a instruction; this row is the H200's, not measured on those chips.
+    "sm80": GemvPlan(block_n=32, block_k=1024, num_warps=4, num_stages=2, waves=4.0, fuse_quant=False,
+                     kind="dp4a"),
+    "interp": GemvPlan(block_n=64, block_k=512, num_warps=1, num_stages=1, waves=1.0, fuse_quant=False,
+                       kind="dp4a"),
 }
+# The v1 block-diagonal MMA kernel (gemv.py), kept as a measured alternative and for its fused prologues.
+MMA_PLAN = GemvPlan(block_n=128, block_k=512, num_warps=8, num_stages=3, waves=4.0)
 GROUPED_TABLE = {
     "sm90": GroupedPlan(block_n=64, num_warps=4, num_stages=3),
     "sm80": GroupedPlan(block_n=64, num_warps=4, num_stages=3),
