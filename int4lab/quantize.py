@@ -205,7 +205,8 @@ class Int4Experts(_DecodeCache, nn.Module):
     gate_up_packed uint8 [E, 2I, H/2], gate_up_scales fp16 [E, 2I, H/32] (gate rows first),
     down_packed uint8 [E, H, I/2], down_scales fp16 [E, H, I/32].
     forward(hidden [R, H], top_k_index [R, k], top_k_weights [R, k]) -> [R, H]: for each routed expert,
-    act_fn(gate) * up, down, times the routing weight, summed over the k slots (the HF experts math).
+    act_fn(gate) * up, down, times the routing weight, summed over the k slots (the HF experts math),
+    the sum rounded to bf16 once (as the kernels' combine does) and returned in hidden's dtype.
     """
 
     def __init__(self, gate_up: tuple, down: tuple, act_fn, act: str = "int8"):
@@ -255,7 +256,8 @@ class Int4Experts(_DecodeCache, nn.Module):
             # index_put_(accumulate) rather than index_add_: same sums, and index_add_ costs ~10 ms a call
             # on the CPU build of torch 2.13 for a one-row update.
             out.index_put_((tok,), y.to(out.dtype), accumulate=True)
-        return out
+        # the block's output is bf16, as moe_decode_step's combine emits it, whatever the model's dtype
+        return out.to(torch.bfloat16).to(hidden_states.dtype)
 
     def _forward_gemv(self, hidden_states, top_k_index, top_k_weights):
         # The MoE decode step of int4lab.kernels: one routed GEMV row per (token, slot), SwiGLU fused with

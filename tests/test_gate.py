@@ -208,10 +208,10 @@ def test_decode_windows_bad_inputs(tok):
 
 def test_decode_steps_through_the_kernels_match_the_reference(tok):
     # The scored steps through int4lab.kernels (Triton's interpreter here, the GPU kernels on CUDA) against
-    # the CPU reference decode of the same quantised model: bf16 output roundings are the only difference.
+    # the CPU reference decode of the same quantised model: same quantisation points, same bf16 roundings.
     wins = gate.decode_windows(tok, gate.documents("ood")[2], windows=1, prompt=4, steps=2)
     q, _ = quantize_model(tiny_lm("mixtral"), "rtn", "experts+attn", "int8", progress=False)
     ref = gate.decode_logprobs(q, wins, 4)
     ker = gate.decode_logprobs(q, wins, 4, kernels=True)
-    assert (ker - ref).abs().max().item() < 0.05
-    assert (ker.exp() * (ker - ref)).sum(-1).max().item() < 1e-3          # KL(kernels ‖ reference)
+    assert (ker - ref).abs().max().item() < 1e-3
+    assert (ker.argmax(-1) == ref.argmax(-1)).all()

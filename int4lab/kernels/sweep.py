@@ -73,17 +73,20 @@ def dense_weights(N, K, copies, dev):
     return packed, scales
 
 
-DP4A_CFGS = [(32, 512, 4, 3), (16, 512, 4, 3), (64, 256, 4, 4), (32, 1024, 4, 2), (16, 1024, 4, 3),
-             (32, 256, 4, 4), (64, 512, 4, 3), (128, 512, 8, 3)]
+# (block_n, block_k, num_warps, num_stages, waves): the first H200 sweep's two best tiles, each with the
+# split-K rule at 4, 2 and 1 programs per SM (fewer splits = fewer reduce launches, fewer bytes in flight).
+DP4A_CFGS = [(32, 1024, 4, 2, 4.0), (32, 1024, 4, 2, 2.0), (32, 1024, 4, 2, 1.0), (16, 512, 4, 3, 4.0),
+             (16, 512, 4, 3, 2.0), (16, 1024, 4, 3, 2.0), (32, 512, 4, 3, 4.0), (64, 256, 4, 4, 4.0)]
 
 
 def dp4a_variants(N, K, dev, full):
-    """dp4a GemvPlan rows (gemv_dp4a.py): (block_n, block_k, num_warps, num_stages), split-K by waves."""
+    """dp4a GemvPlan rows (gemv_dp4a.py); split-K from each row's waves rule."""
     out = []
-    for bn, bk, nw, ns in DP4A_CFGS if full else DP4A_CFGS[:4]:
-        p = GemvPlan(block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, waves=4.0, fuse_quant=False,
+    for bn, bk, nw, ns, waves in DP4A_CFGS if full else DP4A_CFGS[:6]:
+        p = GemvPlan(block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, waves=waves, fuse_quant=False,
                      kind="dp4a")
-        out.append((f"dp4a_bn{bn}_bk{bk}_w{nw}_s{ns}", gemv_plan(N, K, 1, dev, **dataclasses.asdict(p))))
+        out.append((f"dp4a_bn{bn}_bk{bk}_w{nw}_s{ns}_waves{waves:g}",
+                    gemv_plan(N, K, 1, dev, **dataclasses.asdict(p))))
     return out
 
 
