@@ -230,6 +230,7 @@ def _synthetic_receipt(tmp_path):
         (14336, 4096, "mixtral", "gate|up"): {"int4_b32": 10.0, "bf16": 31.0, "tinygemm": 22.0},
         (4096, 14336, "mixtral", "down"): {"int4_b32": 12.0, "bf16": 33.0},
         (2048, 768, "qwen3", "down"): {"int4_b32": 2.0, "bf16": 4.0, "tinygemm": 3.0, "gemlite": 3.5},
+        (4096, 4096, "mixtral", "q/o"): {"int4_b32": 9.0, "bf16": 8.0},
     }.items():
         for impl, us in times.items():
             nbytes = bench.gemv_bytes(impl, N, K)
@@ -277,7 +278,9 @@ def test_report_tables_and_targets_from_a_synthetic_receipt(tmp_path):
     anchors = report.parse_ggml(GGML_SAMPLE)
     gemv = report.gemv_table(rec, anchors)
     lines = gemv.splitlines()
-    assert len(lines) == 2 + 3
+    assert len(lines) == 2 + 4
+    assert all(line.count(" | ") == 11 for line in lines if not line.startswith("|-"))   # 12 cells everywhere
+    assert any(line.startswith("| mixtral | gate\\|up | 14336×4096") for line in lines)   # '|' escaped
     qwen = next(line for line in lines if "2048×768" in line)
     floor = bench.gemv_bytes("int4_b32", 2048, 768) / 4000e3
     assert f"| {floor:.1f} |" in qwen and "| 9.9 |" in qwen and "| 2.00 |" in qwen      # floor, llama.cpp, bf16/ours
@@ -294,6 +297,8 @@ def test_report_tables_and_targets_from_a_synthetic_receipt(tmp_path):
     assert checks["28672×8192: int4_b32 ≤ 40 µs"] == "not measured"
     assert checks["qwen3 down 2048×768: int4_b32 faster than every peer"] == "pass"
     assert checks["qwen3 q 4096×2048: int4_b32 faster than every peer"] == "not measured"
+    assert checks["mixtral down 4096×14336: int4_b32 faster than every peer"] == "not measured"   # peers missing
+    assert checks["mixtral q/o 4096×4096: int4_b32 faster than every peer"] == "miss"   # slower than bf16 alone
     assert checks["qwen3 one-token MoE layer ≤ 15 µs"] == "pass"
     assert checks["mixtral one-token MoE layer ≤ 65 µs"] == "not measured"
     block = report.render(rec, anchors)
@@ -331,7 +336,7 @@ def test_report_figures_draw_from_a_synthetic_receipt(tmp_path):
     import matplotlib.pyplot as plt
     rec = _synthetic_receipt(tmp_path)
     ax = report.plot_bandwidth(rec)
-    assert len(ax.get_xticklabels()) == 3
+    assert len(ax.get_xticklabels()) == 4
     assert ax.lines[0].get_ydata()[0] == 4000.0                          # the roofline is the receipt's copy GBps
     heights = sorted(round(p.get_height(), 3) for p in ax.patches)
     want = sorted(round(r["GBps"], 3) for r in rec["rows"] if r["layer"] != "moe")
