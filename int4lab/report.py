@@ -221,7 +221,7 @@ def render(rec, anchors=()) -> str:
         f"({p.get('device')}, torch {p.get('torch')}, triton {p.get('triton')}, commit `{p.get('commit')}`, "
         f"{p.get('date')}; `{p.get('command')}`). µs per call, median of CUDA-graph replays with weights "
         f"rotated beyond L2. Device copy bandwidth {rec['copy']['GBps']:.0f} GB/s (read + write); "
-        f"floor = bytes / that bandwidth."
+        f"floor = bytes / that bandwidth (a copy reads and writes, a GEMV almost only reads: a kernel can beat it)."
         + ("" if rec.get("method", {}).get("complete", True) else
            " **Partial run**: the harness stopped before its schedule was done."),
         "**Batch-1 GEMV, µs**\n\n" + gemv_table(rec, anchors),
@@ -256,7 +256,7 @@ def plot_bandwidth(rec, ax=None):
                 xs.append(i + (j - (len(impls) - 1) / 2) * width)
                 ys.append(r["GBps"])
         ax.bar(xs, ys, width, label=impl, color=GEMV_COLORS[impl])
-    ax.axhline(rec["copy"]["GBps"], color="k", ls="--", lw=1, label="device copy (roofline)")
+    ax.axhline(rec["copy"]["GBps"], color="k", ls="--", lw=1, label="device copy (read + write)")
     ax.set_xticks(range(len(shapes)), [f"{m} {l}\n{N}×{K}" for m, l, N, K in shapes], rotation=60, ha="right",
                   fontsize=8)
     ax.set_ylabel("effective GB/s (bytes that must move / time)")
@@ -286,21 +286,78 @@ def plot_moe(rec, rows: int = 1, ax=None):
     ax.set_xticks(range(len(models)), models)
     ax.set_yscale("log")
     ax.set_ylabel("µs per layer call (log)")
-    ax.set_title(f"MoE layer, {rows} token(s); dashed: int4 bytes / copy bandwidth")
-    ax.legend(fontsize=8)
+    ax.set_title(f"MoE layer, {rows} token(s); dashed: int4 bytes / copy bandwidth", fontsize=10)
+    ax.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.08))
     return ax
 
 
-def rewrite_readme(readme, block: str) -> Path:
-    """Replace the text between the perf-table markers in `readme` with `block`."""
+def rewrite_readme(readme, block: str, start: str = START, end: str = END) -> Path:
+    """Replace the text between the `start` and `end` markers in `readme` with `block`."""
     readme = Path(readme)
     text = readme.read_text()
-    if START not in text or END not in text or text.index(START) > text.index(END):
-        raise ValueError(f"{readme} must contain {START} followed by {END}")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{START}\n{block}\n{END}{tail}")
+    if start not in text or end not in text or text.index(start) > text.index(end):
+        raise ValueError(f"{readme} must contain {start} followed by {end}")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    readme.write_text(f"{head}{start}\n{block}\n{end}{tail}")
     return readme
+
+
+# ------------------------------------------------------------------ the other receipts: models, gates, packing
+RESULTS_START, RESULTS_END = "<!-- results-table:start -->", "<!-- results-table:end -->"
+RECEIPTS = ROOT / "data" / "receipts"
+
+
+def _prov(rec) -> str:
+    p = rec["provenance"]
+    commit = p["commit"] if p["commit"] != "unknown" else rec.get("launch_commit", "unknown")
+    return f"{p['device']}, torch {p['torch']}, commit `{str(commit)[:12]}`, {p['date'][:10]}"
+
+
+def train_table(receipts=RECEIPTS) -> str:
+    """The small models: validation/test/out-of-domain perplexity against the unigram baseline."""
+    lines = ["| model | params | steps | val ppl | unigram val ppl | test ppl | ood ppl | trained on |",
+             "|---|---|---|---|---|---|---|---|"]
+    for path in sorted(Path(receipts).glob("train_*.json")):
+        r = read_receipt(path)
+        ev = r["eval"]
+        lines.append(_line([r["arch"], f"{r['params'] / 1e6:.2f} M", r["training"]["steps"],
+                            _f(ev["validation"]["ppl"]), _f(ev["validation"]["unigram_ppl"]), _f(ev["test"]["ppl"]),
+                            _f(ev["ood"]["ppl"]), _prov(r)]))
+    return "\n".join(lines)
+
+
+def gate_table(receipts=RECEIPTS) -> str:
+    """One line per (model, arm): the gate's overall verdict and its calibration verdict where it has one."""
+    from .gate import summary_rows
+    lines = ["| model | arm | verdict | calibration verdict | receipt |", "|---|---|---|---|---|"]
+    for path in sorted(Path(receipts).glob("gate_*.json")):
+        r = read_receipt(path)
+        seen = {}
+        for row in summary_rows(r):
+            seen.setdefault(row["arm"], (row["overall"], row["calibration"] or "–"))
+        for arm, (overall, cal) in seen.items():
+            lines.append(_line([r["model"], arm, overall, cal, f"`{path.name}`"]))
+    return "\n".join(lines)
+
+
+def pack_table(receipts=RECEIPTS) -> str:
+    """Pack time per layer: round-to-nearest and GPTQ, median wall seconds."""
+    lines = ["| device | N×K | impl | seconds (median) |", "|---|---|---|---|"]
+    for path in sorted(Path(receipts).glob("gptq_pack_*.json")):
+        r = read_receipt(path)
+        for row in r["rows"]:
+            lines.append(_line([r["provenance"]["device"], f"{row['N']}×{row['K']}", row["impl"],
+                                f"{row['seconds']:.3g}"]))
+    return "\n".join(lines)
+
+
+def render_results(receipts=RECEIPTS) -> str:
+    return "\n\n".join([
+        "Generated by `python -m int4lab.report --readme README.md` from the receipts in `data/receipts/`.",
+        "**The small trained models** (`data/models/`, trained on Shakespeare's plays; ood = KJV)", train_table(receipts),
+        "**Perplexity gates on the small models** (notebook 04; budget 1% relative perplexity)", gate_table(receipts),
+        "**GPTQ pack time per layer**", pack_table(receipts)])
 
 
 def main(argv=None) -> int:
@@ -315,6 +372,7 @@ def main(argv=None) -> int:
     block = render(load(args.receipt), anchor_rows(args.anchors))
     if args.readme:
         print(f"rewrote {rewrite_readme(args.readme, block)}")
+        rewrite_readme(args.readme, render_results(), RESULTS_START, RESULTS_END)
     else:
         print(block)
     return 0

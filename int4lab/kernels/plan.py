@@ -56,7 +56,7 @@ class GroupedPlan:
 # wide tiles, few programs.
 GEMV_TABLE = {
     # H200 sweep 2026-12-02 (notes/perf.md, v3): the dp4a kernel, the variant with the smallest geometric
-    # mean time over the 12 decode shapes (data/receipts/kernel_sweep_dp4a_h200.json); 3.8x faster than
+    # mean time over the 12 decode shapes (data/receipts/kernel_sweep_dp4a_h200_first.json); 3.8x faster than
     # the v1 MMA row on 14336x4096.
     "sm90": GemvPlan(block_n=32, block_k=1024, num_warps=4, num_stages=2, waves=4.0, fuse_quant=False,
                      kind="dp4a"),
