@@ -258,6 +258,15 @@ def time_calls(calls, replays: int = 20, warmup: int = 3) -> list[float]:
     return out
 
 
+def checked_timing(calls, ref, tol: float, replays: int, t0: float):
+    """Check the first call against the reference (Skip when wrong), then time: (err, setup_s, summary)."""
+    err = rel_err(calls[0](), ref)
+    if not err <= tol:
+        raise Skip(f"wrong result: max|y-ref|/max|ref| = {err:.3g} > {tol:.3g}")
+    setup_s = time.time() - t0
+    return err, setup_s, summarise(time_calls(calls, replays=replays))
+
+
 def summarise(samples: list[float]) -> dict:
     q = statistics.quantiles(samples, n=10)
     return {"us": statistics.median(samples), "p10_us": q[0], "p90_us": q[-1], "replays": len(samples)}
@@ -389,11 +398,7 @@ def bench_gemv(shape: Shape, impls, *, replays: int, l2: int, gen) -> tuple[list
             nbytes = wbytes + 2 * (K + N)
             per_channel = (wbytes - N * K // 2) // N if impl == "w4a16_cutlass" else 2
             formula = gemv_bytes(impl, N, K, scale_itemsize=per_channel)
-            err = rel_err(calls[0](), ref)
-            if not err <= tol:
-                raise Skip(f"wrong result: max|y-ref|/max|ref| = {err:.3g} > {tol:.3g}")
-            setup_s = time.time() - t0
-            s = summarise(time_calls(calls, replays=replays))
+            err, setup_s, s = checked_timing(calls, ref, tol, replays, t0)
         except Skip as e:
             skipped.append({**where, "reason": str(e)})
             continue
@@ -521,11 +526,7 @@ def bench_moe(m: MoEModel, impl: str, rows: int, *, replays: int, l2: int, gen) 
         copies = copies_for(active_guess, l2)
         t0 = time.time()
         calls, ref, wbytes, tol, n_active = prep_moe(impl, m, rows, gen, copies)
-        err = rel_err(calls[0](), ref)
-        if not err <= tol:
-            raise Skip(f"wrong result: max|y-ref|/max|ref| = {err:.3g} > {tol:.3g}")
-        setup_s = time.time() - t0
-        s = summarise(time_calls(calls, replays=replays))
+        err, setup_s, s = checked_timing(calls, ref, tol, replays, t0)
     except Skip as e:
         return [], [{**where, "reason": str(e)}]
     except Exception as e:  # recorded, not swallowed: the receipt says what broke

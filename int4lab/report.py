@@ -372,7 +372,8 @@ def main(argv=None) -> int:
     block = render(load(args.receipt), anchor_rows(args.anchors))
     if args.readme:
         print(f"rewrote {rewrite_readme(args.readme, block)}")
-        rewrite_readme(args.readme, render_results(), RESULTS_START, RESULTS_END)
+        if RESULTS_START in Path(args.readme).read_text():      # the models/gates/packing block, if the file has one
+            rewrite_readme(args.readme, render_results(), RESULTS_START, RESULTS_END)
     else:
         print(block)
     return 0

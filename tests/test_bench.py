@@ -454,3 +454,12 @@ def test_run_stops_at_its_budget_and_checkpoints(monkeypatch):
     assert seen == list(range(1, len(out["rows"]) + 1))
     assert out["method"]["complete"] is True and out["method"]["budget_s"] == 25
     bench.validate_receipt({"provenance": {}, **out})
+
+
+def test_results_block_from_committed_receipts():
+    """README's models/gates/packing block is generated from the receipts in data/receipts/."""
+    from int4lab import report
+    text = report.render_results()
+    for arch in ("mixtral", "olmoe", "qwen3_moe"):
+        assert f"| {arch} |" in text
+    assert "gptq" in text and "PASS" in text or "FAIL" in text

@@ -38,7 +38,7 @@ from ..format import check_packed
 from . import plan as _plan
 from ._round import to_bf16_rne
 from ._validate import check_contiguous, check_devices, check_ids, check_out, check_rows_contiguous, interpreting
-from .gemv_dp4a import gemv_dp4a_kernel
+from .gemv_dp4a import gemv_dp4a_kernel, routed_expert
 
 
 # How the activation operand reaches the kernel (X_MODE):
@@ -91,12 +91,7 @@ def gemv_int4_b32_kernel(
     HALF: tl.constexpr = BLOCK_K // 2          # bytes of one weight row per tile
     NB: tl.constexpr = BLOCK_K // 32           # scale blocks per tile; NB_PAD = max(NB, 16) is the MMA's N
 
-    if HAS_EIDS:
-        e = tl.load(eid_ptr + r).to(tl.int64)
-    else:
-        e = tl.zeros((), tl.int64)
-    valid = (e >= 0) & (e < E)                 # guard under capture: a bad id reads expert 0, writes NaN
-    e = tl.where(valid, e, 0)
+    e, valid = routed_expert(eid_ptr, r, E, HAS_EIDS)      # guard under capture: bad id -> expert 0, NaN row
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N

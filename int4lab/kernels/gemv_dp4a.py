@@ -61,6 +61,18 @@ def _prmt(a, b, SEL: tl.constexpr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def routed_expert(eid_ptr, r, E, HAS_EIDS: tl.constexpr):
+    """(expert index as int64, valid) for row r. An id outside [0, E) cannot be refused under graph capture:
+    it reads expert 0 and the caller writes NaN for the row."""
+    if HAS_EIDS:
+        e = tl.load(eid_ptr + r).to(tl.int64)
+    else:
+        e = tl.zeros((), tl.int64)
+    valid = (e >= 0) & (e < E)
+    return tl.where(valid, e, 0), valid
+
+
+@triton.jit
 def gemv_dp4a_kernel(
     # Pointers
     x_ptr, xs_ptr, w_ptr, ws_ptr, eid_ptr, out_ptr, part_ptr,
@@ -81,12 +93,7 @@ def gemv_dp4a_kernel(
     r = tl.program_id(2)
     BLOCK_W: tl.constexpr = BLOCK_K // 8          # weight words per row per tile
     NB: tl.constexpr = BLOCK_K // 32              # scale blocks per tile
-    if HAS_EIDS:
-        e = tl.load(eid_ptr + r).to(tl.int64)
-    else:
-        e = tl.zeros((), tl.int64)
-    valid = (e >= 0) & (e < E)                    # guard under capture: a bad id reads expert 0, writes NaN
-    e = tl.where(valid, e, 0)
+    e, valid = routed_expert(eid_ptr, r, E, HAS_EIDS)
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
