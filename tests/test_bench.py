@@ -462,4 +462,5 @@ def test_results_block_from_committed_receipts():
     text = report.render_results()
     for arch in ("mixtral", "olmoe", "qwen3_moe"):
         assert f"| {arch} |" in text
-    assert "gptq" in text and "PASS" in text or "FAIL" in text
+    assert "gptq" in text and ("PASS" in text or "FAIL" in text)
+    assert "14336×4096" in text                      # the H200 pack-time rows
