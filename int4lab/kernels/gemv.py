@@ -38,7 +38,7 @@ from ..format import check_packed
 from . import plan as _plan
 from ._round import to_bf16_rne
 from ._validate import check_contiguous, check_devices, check_ids, check_out, check_rows_contiguous, interpreting
-from .gemv_dp4a import gemv_dp4a_kernel, routed_expert
+from .gemv_dp4a import gemv_dp4a_kernel, routed_expert, store_row
 
 
 # How the activation operand reaches the kernel (X_MODE):
@@ -149,11 +149,7 @@ def gemv_int4_b32_kernel(
 
     if DEFER_REDUCE:
         acc = tl.sum(acc2, axis=1)
-    acc = tl.where(valid, acc, float("nan"))
-    if WRITE_PARTIAL:
-        tl.store(part_ptr + (split * R + r).to(tl.int64) * N + offs_n, acc, mask=n_mask)
-    else:
-        tl.store(out_ptr + r.to(tl.int64) * N + offs_n, to_bf16_rne(acc), mask=n_mask)
+    store_row(out_ptr, part_ptr, acc, valid, split, r, R, N, offs_n, n_mask, WRITE_PARTIAL)
 
 
 @triton.jit

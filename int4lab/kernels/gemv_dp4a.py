@@ -73,6 +73,17 @@ def routed_expert(eid_ptr, r, E, HAS_EIDS: tl.constexpr):
 
 
 @triton.jit
+def store_row(out_ptr, part_ptr, y, valid, split, r, R, N, offs_n, n_mask, WRITE_PARTIAL: tl.constexpr):
+    """Write one program's float32 outputs: NaN for an invalid expert id; float32 partials [split_k, R, N]
+    when split, else bf16 out [R, N] rounded to nearest even."""
+    y = tl.where(valid, y, float("nan"))
+    if WRITE_PARTIAL:
+        tl.store(part_ptr + (split * R + r).to(tl.int64) * N + offs_n, y, mask=n_mask)
+    else:
+        tl.store(out_ptr + r.to(tl.int64) * N + offs_n, to_bf16_rne(y), mask=n_mask)
+
+
+@triton.jit
 def gemv_dp4a_kernel(
     # Pointers
     x_ptr, xs_ptr, w_ptr, ws_ptr, eid_ptr, out_ptr, part_ptr,
@@ -128,9 +139,4 @@ def gemv_dp4a_kernel(
         bsum = tl.sum(tl.reshape(d, [BLOCK_N, NB, 4]), axis=2)                # exact block sums
         acc += bsum.to(tl.float32) * (ws.to(tl.float32) * xs)
 
-    y = tl.sum(acc, axis=1)
-    y = tl.where(valid, y, float("nan"))
-    if WRITE_PARTIAL:
-        tl.store(part_ptr + (split * R + r).to(tl.int64) * N + offs_n, y, mask=n_mask)
-    else:
-        tl.store(out_ptr + r.to(tl.int64) * N + offs_n, to_bf16_rne(y), mask=n_mask)
+    store_row(out_ptr, part_ptr, tl.sum(acc, axis=1), valid, split, r, R, N, offs_n, n_mask, WRITE_PARTIAL)
