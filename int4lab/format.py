@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import FLOAT_DTYPES, check_finite, check_k, check_tensor
-
-BLOCK = 32
+from ._checks import BLOCK, FLOAT_DTYPES, check_dims, check_finite, check_k, check_packed, check_tensor  # noqa: F401
 QMIN, QMAX = -8, 7          # int4 levels; round-to-nearest uses only [-7, 7] (scale = amax / 7)
 FP16_MAX = 65504.0
 FP16_MIN_SUBNORMAL = 2.0 ** -24
@@ -94,30 +92,6 @@ def pack_int4_b32(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return pack_codes(rtn_codes(w, s)), s.to(torch.float16)
 
 
-def check_dims(N, K) -> None:
-    """N a positive int, K a positive int multiple of 32."""
-    if not isinstance(N, int) or isinstance(N, bool) or N <= 0:
-        raise ValueError(f"N must be a positive int, got {N!r}")
-    if not isinstance(K, int) or isinstance(K, bool):
-        raise ValueError(f"K must be a positive int multiple of {BLOCK}, got {K!r}")
-    check_k("K", K, BLOCK)
-
-
-def check_packed(packed, scales, N: int, K: int, *, names=("packed", "scales")) -> None:
-    """Shape/dtype contract of an int4-b32 pack: uint8 [..., N, K/2] with float16 [..., N, K/32]."""
-    pn, sn = names
-    check_tensor(pn, packed, (torch.uint8,), (2, 3))
-    check_tensor(sn, scales, (torch.float16,), (2, 3))
-    check_dims(N, K)
-    if tuple(packed.shape[-2:]) != (N, K // 2):
-        raise ValueError(f"{pn} must have trailing shape (N, K/2) = ({N}, {K // 2}), got {tuple(packed.shape)}")
-    if tuple(scales.shape[-2:]) != (N, K // BLOCK):
-        raise ValueError(f"{sn} must have trailing shape (N, K/32) = ({N}, {K // BLOCK}), got {tuple(scales.shape)}")
-    if packed.shape[:-2] != scales.shape[:-2]:
-        raise ValueError(f"{pn} and {sn} must have the same leading (expert) dims, "
-                         f"got {tuple(packed.shape[:-2])} and {tuple(scales.shape[:-2])}")
-
-
 def dequant_int4_ref(packed: torch.Tensor, scales: torch.Tensor, N: int, K: int) -> torch.Tensor:
     """Reference decode: float32 [..., N, K] = (nib - 8) * float(scale)."""
     check_packed(packed, scales, N, K)
@@ -128,13 +102,16 @@ def dequant_int4_ref(packed: torch.Tensor, scales: torch.Tensor, N: int, K: int)
 def quant_x_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Activations x [R, K] (fp32/fp16/bf16) -> (int8 [R, K], float32 [R, K/32]).
 
-    Per 32-block: s = amax(|x|) / 127 + 1e-12 (float32); q = floor(x / s + 0.5) clamped to [-127, 127].
-    The +1e-12 keeps an all-zero block finite (codes 0). The Triton `quant_x_rows` returns the same bits.
+    Per 32-block, in float32: s = amax(|x|) / 127 + 1e-12; inv = 1 / s; q = round_half_to_even(x * inv)
+    clamped to [-127, 127]. Two IEEE divisions per block and one product per value, so a GEMV can
+    quantise its own slice of x without a division per value (int4lab/kernels/quant.py says why). The
+    +1e-12 keeps an all-zero block finite (codes 0). The Triton `quant_x_rows` returns the same bits.
     """
     check_tensor("x", x, FLOAT_DTYPES, (2,))
     check_k("x.shape[-1] (K)", x.shape[-1], BLOCK)
     check_finite("x", x)
     xb = _blocks(x.float())
     s = true_div(xb.abs().amax(-1), float(X_QMAX)) + 1e-12
-    q = torch.floor(xb / s.unsqueeze(-1) + 0.5).clamp_(-X_QMAX, X_QMAX).to(torch.int8)
+    inv = torch.ones_like(s) / s                    # tensor / tensor: the IEEE quotient on every device
+    q = torch.round(xb * inv.unsqueeze(-1)).clamp_(-X_QMAX, X_QMAX).to(torch.int8)
     return q.reshape(x.shape), s

@@ -1,33 +1,43 @@
-"""Decode GEMV on int4-b32 with dp4a: four int8 multiply-adds per integer instruction, no tensor cores.
+"""Decode GEMV on int4-b32 with dp4a: four int8 multiply-adds per integer instruction. The default plan.
 
-Shape legend: E = experts, N = out features, K = in features, R = activation rows (tokens x top-k).
+Shape legend: E = experts, N = out features, K = in features, R = activation rows (tokens x top-k),
+A = rows combined into one output row (top-k of the MoE down projection, else 1).
 
-Same contract and numerics as `gemv.gemv_int4_b32_kernel` (exact int32 block sums, float32 across
-blocks, one bf16 rounding), chosen by `GemvPlan.kind == "dp4a"`. Why a second kernel: the MMA version
-spends its registers and cross-thread shuffles on building block-diagonal operands (notes/perf.md);
-llama.cpp's Q4_0 kernels, on the same 32-block grid, reach ~2.5 TB/s with dp4a on the integer pipe.
+    out[r, n] = sum_b xs[r, b] * ws[e, n, b] * sum_{k in block b} xq[r, k] * (nib[e, n, k] - 8),  e = eids[r]
+
+Exact int32 sum per 32-block (|sum| <= 32 * 127 * 8 < 2**15), float32 across blocks, one bf16 rounding.
+Why dp4a and not the tensor cores: a batch-1 GEMV has one activation row, so an MMA would waste 15/16 of
+its work and its operand shuffles cost registers (gemv_mma.py keeps that variant, measured in
+notes/perf.md); llama.cpp's Q4_0 kernels, on the same 32-block grid, use dp4a on the integer pipe.
+
+One launch per GEMV:
+  * the activation arrives as int8 codes (X_MODE 0), as float rows quantised here (X_MODE 1), or as the
+    [gate | up] rows of a gate_up output, SwiGLU'd then quantised here (X_MODE 2). Each program quantises
+    the slice of x its K range needs (quant.quant_blocks: the codes of quant_x_rows, bit for bit); x is a
+    few KB, read from L2 by every N tile;
+  * split-K partials are summed by the last-arriving program (epilogue.finish_rows), which also applies
+    the router weights of an MoE combine: no reduce launch.
 
 The arithmetic per 32-bit weight word (8 nibbles, k = 8w .. 8w+7, even k in the low nibbles):
     lo = word & 0x0F0F0F0F          nibbles of k = 8w, 8w+2, 8w+4, 8w+6   (unsigned bytes 0..15)
     hi = (word >> 4) & 0x0F0F0F0F   nibbles of k = 8w+1, 8w+3, 8w+5, 8w+7
-    d  = dp4a(lo, x_even_word, dp4a(hi, x_odd_word, 0))       = sum_k nib_k * x_k over the 8 k
-so 5 integer instructions per 8 weights. The "- 8" of each code is applied once per 32-block as
-8 * sum(x_block), since sum_k (nib_k - 8) x_k = sum_k nib_k x_k - 8 sum_k x_k. x_even/x_odd words are
-built per tile from the int8 codes with two byte permutes (`prmt`) per word pair: a dot product
-only needs both operands permuted alike. The correction -8 * sum(x) of each word is itself a dp4a
-(0x08080808 against the x words) and seeds the accumulator, so it costs nothing per weight row.
+    d  = dp4a(lo, x_even_word, dp4a(hi, x_odd_word, -8 * sum(x of the word)))
+so 5 integer instructions per 8 weights; the "- 8" of every code is folded into the accumulator's seed.
+A dot product only needs both operands permuted alike, so x is packed into even/odd words to match.
+On the CPU interpreter (no PTX) dp4a and prmt are emulated with shifts; both compute the same integers.
 
-On the CPU interpreter (no PTX) `_dp4a` is emulated with shifts; the GPU runs the `dp4a.u32.s32`
-instruction through `tl.inline_asm_elementwise`. Both compute the same exact integers.
-
-Bytes per call: weights 0.5625 B/weight (as gemv.py), x codes R*K, scales R*K/32*4, out R*N*2.
+Bytes per call: weights 0.5625 B/weight (0.5 codes + 2/32 scales), x R*K (codes) or R*K*2 (bf16),
+out R*N*2; when split, SK*R*N*4 float32 partials written and read once (L2-resident at decode sizes).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from ._round import to_bf16_rne
+from .epilogue import finish_rows, routed_expert
+from .quant import quant_blocks, silu_mul
+
+X_CODES, X_FLOAT, X_SWIGLU = 0, 1, 2    # how the activation reaches the kernel (module doc)
 
 
 @triton.jit
@@ -61,43 +71,60 @@ def _prmt(a, b, SEL: tl.constexpr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def routed_expert(eid_ptr, r, E, HAS_EIDS: tl.constexpr):
-    """(expert index as int64, valid) for row r. An id outside [0, E) cannot be refused under graph capture:
-    it reads expert 0 and the caller writes NaN for the row."""
-    if HAS_EIDS:
-        e = tl.load(eid_ptr + r).to(tl.int64)
-    else:
-        e = tl.zeros((), tl.int64)
-    valid = (e >= 0) & (e < E)
-    return tl.where(valid, e, 0), valid
+def _x_words_from_codes(x_row, xs_row, t, K, BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr):
+    """Tile t of int8 codes (read as int32 words) -> (x_even, x_odd, -8 * word sums) [BLOCK_W], scales [NB]."""
+    BLOCK_W: tl.constexpr = BLOCK_K // 8
+    NB: tl.constexpr = BLOCK_K // 32
+    w_idx = t * BLOCK_W + tl.arange(0, BLOCK_W)
+    xw = tl.load(x_row + 2 * w_idx[:, None] + tl.arange(0, 2)[None, :], mask=(w_idx < K // 8)[:, None], other=0)
+    x0, x1 = tl.split(xw)                                     # x[8w..8w+3], x[8w+4..8w+7]
+    xe = _prmt(x0, x1, 0x6420, USE_ASM)                       # x[8w + 0, 2, 4, 6]
+    xo = _prmt(x0, x1, 0x7531, USE_ASM)                       # x[8w + 1, 3, 5, 7]
+    eights = tl.full(xe.shape, 0x08080808, tl.int32)
+    negc = -_dp4a(eights, xe, _dp4a(eights, xo, tl.zeros_like(xe), USE_ASM), USE_ASM)
+    kb = t * NB + tl.arange(0, NB)
+    xs = tl.load(xs_row + kb, mask=kb < K // 32, other=0.0)
+    return xe, xo, negc, xs
 
 
 @triton.jit
-def store_row(out_ptr, part_ptr, y, valid, split, r, R, N, offs_n, n_mask, WRITE_PARTIAL: tl.constexpr):
-    """Write one program's float32 outputs: NaN for an invalid expert id; float32 partials [split_k, R, N]
-    when split, else bf16 out [R, N] rounded to nearest even."""
-    y = tl.where(valid, y, float("nan"))
-    if WRITE_PARTIAL:
-        tl.store(part_ptr + (split * R + r).to(tl.int64) * N + offs_n, y, mask=n_mask)
-    else:
-        tl.store(out_ptr + r.to(tl.int64) * N + offs_n, to_bf16_rne(y), mask=n_mask)
+def _x_words_from_floats(x_row, t, K, X_MODE: tl.constexpr, BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr):
+    """Tile t of float x (X_FLOAT) or of silu(gate) * up (X_SWIGLU, up at column K + k), quantised here."""
+    BLOCK_W: tl.constexpr = BLOCK_K // 8
+    NB: tl.constexpr = BLOCK_K // 32
+    offs = t * BLOCK_K + tl.arange(0, NB)[:, None] * 32 + tl.arange(0, 32)[None, :]     # [NB, 32]
+    mask = offs < K
+    v = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+    if X_MODE == 2:
+        v = silu_mul(v, tl.load(x_row + K + offs, mask=mask, other=0.0).to(tl.float32))
+    q, xs = quant_blocks(v, USE_ASM)
+    q = q.to(tl.int32)
+    qe, qo = tl.split(tl.reshape(q, [BLOCK_W, 4, 2]))         # [BLOCK_W, 4]: k = 8w + 2i and 8w + 2i + 1
+    shift = 8 * tl.arange(0, 4)[None, :]
+    xe = tl.sum((qe & 0xFF) << shift, axis=1)                 # disjoint bytes: the sum is the packing
+    xo = tl.sum((qo & 0xFF) << shift, axis=1)
+    negc = -8 * (tl.sum(qe, axis=1) + tl.sum(qo, axis=1))
+    return xe, xo, negc, xs
 
 
 @triton.jit
 def gemv_dp4a_kernel(
     # Pointers
-    x_ptr, xs_ptr, w_ptr, ws_ptr, eid_ptr, out_ptr, part_ptr,
+    x_ptr, xs_ptr, w_ptr, ws_ptr, eid_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr,
     # Dimensions
     R, N, K, E, stride_x, stride_xs,
     # Meta-parameters
-    ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    HAS_EIDS: tl.constexpr, WRITE_PARTIAL: tl.constexpr, USE_ASM: tl.constexpr,
+    X_MODE: tl.constexpr, ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
+    TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_EIDS: tl.constexpr,
+    HAS_W: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr,
 ):
-    """One program owns out[r, n0 : n0 + BLOCK_N] for K-split `split` (grid: N tiles, split, R).
+    """One program owns out[r, n0 : n0 + BLOCK_N] for K-split `split` (grid: N tiles, SPLIT_K, R).
 
-    x int8 [*, K] codes read as int32 words, float32 scales [*, K/32] (row r uses x row r // ROWS_PER_X); w int32 words
+    x: int8 codes [*, K] read as int32 words with float32 scales xs [*, K/32] (X_CODES), float [*, K]
+    (X_FLOAT) or float [*, 2K] gate | up (X_SWIGLU); row r reads x row r // ROWS_PER_X. w int32 words
     [E, N, K/8] (the uint8 [E, N, K/2] pack viewed as little-endian words); ws float16 [E, N, K/32];
-    eids int [R]. Writes bf16 out [R, N], or float32 partials [split_k, R, N] when WRITE_PARTIAL.
+    eids int [R]. Output and partials as epilogue.finish_rows says. PREFETCH issues tile i + 1's weight
+    loads before tile i's arithmetic (a hand-made double buffer: more bytes in flight per program).
     """
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -113,30 +140,36 @@ def gemv_dp4a_kernel(
     w_rows = w_ptr + e * N * (K // 8) + offs_n[:, None].to(tl.int64) * (K // 8)
     s_rows = ws_ptr + e * N * (K // 32) + offs_n[:, None].to(tl.int64) * (K // 32)
     xr = (r // ROWS_PER_X).to(tl.int64)
+    x_row = x_ptr + xr * stride_x
     acc = tl.zeros([BLOCK_N, NB], dtype=tl.float32)   # reduced across blocks once, after the loop
 
+    t0 = split * TILES_PER_SPLIT
+    if PREFETCH:
+        wd = tl.load(w_rows + (t0 * BLOCK_W + offs_w)[None, :],
+                     mask=n_mask[:, None] & ((t0 * BLOCK_W + offs_w) < K // 8)[None, :], other=0)
     for i in range(0, TILES_PER_SPLIT):
-        t = split * TILES_PER_SPLIT + i
-        w_idx = t * BLOCK_W + offs_w
-        w_mask = w_idx < K // 8
+        t = t0 + i
+        if PREFETCH:                      # tile t + 1's words are in flight while tile t is multiplied
+            w_next = (t + 1) * BLOCK_W + offs_w
+            wd_next = tl.load(w_rows + w_next[None, :], other=0,
+                              mask=n_mask[:, None] & ((w_next < K // 8) & (i + 1 < TILES_PER_SPLIT))[None, :])
+        else:
+            w_idx = t * BLOCK_W + offs_w
+            wd = tl.load(w_rows + w_idx[None, :], mask=n_mask[:, None] & (w_idx < K // 8)[None, :], other=0)
         kb = t * NB + offs_b
-        kb_mask = kb < K // 32
-        wd = tl.load(w_rows + w_idx[None, :], mask=n_mask[:, None] & w_mask[None, :], other=0)
-        ws = tl.load(s_rows + kb[None, :], mask=n_mask[:, None] & kb_mask[None, :], other=0.0)
-        # x codes of the tile as int32 words, pairs (x[8w..8w+3], x[8w+4..8w+7])
-        xw = tl.load(x_ptr + xr * stride_x + 2 * w_idx[:, None] + tl.arange(0, 2)[None, :],
-                     mask=w_mask[:, None], other=0)                    # [BLOCK_W, 2] int32 words
-        x0, x1 = tl.split(xw)                                           # [BLOCK_W] each
-        xe = _prmt(x0, x1, 0x6420, USE_ASM)[None, :]                    # x[8w + 0, 2, 4, 6]
-        xo = _prmt(x0, x1, 0x7531, USE_ASM)[None, :]                    # x[8w + 1, 3, 5, 7]
-        eights = tl.full(xe.shape, 0x08080808, tl.int32)
-        negc = -_dp4a(eights, xe, _dp4a(eights, xo, tl.zeros_like(xe), USE_ASM), USE_ASM)   # -8 sum x
-        xs = tl.load(xs_ptr + xr * stride_xs + kb[None, :], mask=kb_mask[None, :], other=0.0)
+        ws = tl.load(s_rows + kb[None, :], mask=n_mask[:, None] & (kb < K // 32)[None, :], other=0.0)
+        if X_MODE == 0:
+            xe, xo, negc, xs = _x_words_from_codes(x_row, xs_ptr + xr * stride_xs, t, K, BLOCK_K, USE_ASM)
+        else:
+            xe, xo, negc, xs = _x_words_from_floats(x_row, t, K, X_MODE, BLOCK_K, USE_ASM)
         lo = wd & 0x0F0F0F0F
         hi = (wd >> 4) & 0x0F0F0F0F
-        d = _dp4a(lo, xe, tl.broadcast_to(negc, wd.shape), USE_ASM)
-        d = _dp4a(hi, xo, d, USE_ASM)                                    # [BLOCK_N, BLOCK_W]
-        bsum = tl.sum(tl.reshape(d, [BLOCK_N, NB, 4]), axis=2)                # exact block sums
-        acc += bsum.to(tl.float32) * (ws.to(tl.float32) * xs)
+        d = _dp4a(lo, xe[None, :], tl.broadcast_to(negc[None, :], wd.shape), USE_ASM)
+        d = _dp4a(hi, xo[None, :], d, USE_ASM)                                # [BLOCK_N, BLOCK_W]
+        bsum = tl.sum(tl.reshape(d, [BLOCK_N, NB, 4]), axis=2)                  # exact block sums
+        acc += bsum.to(tl.float32) * (ws.to(tl.float32) * xs[None, :])
+        if PREFETCH:
+            wd = wd_next
 
-    store_row(out_ptr, part_ptr, tl.sum(acc, axis=1), valid, split, r, R, N, offs_n, n_mask, WRITE_PARTIAL)
+    finish_rows(tl.sum(acc, axis=1), valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, r, R, N, pid_n,
+                tl.num_programs(0), offs_n, n_mask, SPLIT_K, TOPK, HAS_W)

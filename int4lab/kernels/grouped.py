@@ -27,11 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import check_shape, check_tensor
-from ..format import check_packed
+from .._checks import (check_contiguous, check_devices, check_ids, check_out, check_packed, check_rows_contiguous,
+                       check_shape, check_tensor)
 from . import plan as _plan
-from ._round import to_bf16_rne
-from ._validate import check_contiguous, check_devices, check_ids, check_out, check_rows_contiguous
+from .epilogue import to_bf16_rne
 
 
 class GroupTiles(NamedTuple):

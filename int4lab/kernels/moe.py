@@ -4,18 +4,17 @@ Shape legend: T = tokens, A = experts per token (top-k), L = T * A routed rows, 
 H = hidden size, I = expert intermediate size.
 
     x [T, H] --gate_up GEMV, x quantised in its prologue (all L rows, one launch)--> h [L, 2I] bf16
-      --down GEMV, SwiGLU + quantisation of h in its prologue (one launch)--> y [L, H]
-      --combine (router weights, float32, fixed order)--> out [T, H] bf16
+      --down GEMV, SwiGLU + quantisation of h in its prologue, y [L, H] rounded to bf16 and combined with
+        the router weights (float32, fixed order) by the last-arriving program (one launch)--> out [T, H] bf16
 
 gate_up is the fused [E, 2I, H] projection with the I gate rows first, then the I up rows.
 `moe_decode_step` runs each projection as one routed GEMV over all L rows (the batch-1 path);
 `moe_decode_grouped` sorts rows by expert and runs the grouped GEMM, so rows that share an expert share
 one read of its weights (a few tokens). Both are legal under CUDA-graph capture.
 
-Launches of moe_decode_step: gate_up GEMV (+ its split-K reduce), down GEMV, then either combine_rows
-(unsplit) or the split-K reduce fused with the combine: 3 or 4. The quantisation points and roundings
-are those of quant_x_rows / swiglu_quant_rows, so moe_decode_ref models both paths; split-K on the down
-projection skips y's bf16 rounding (the combine reads float32 partials).
+Launches of moe_decode_step: 2, whatever the split-K (epilogue.finish_rows). The quantisation points and
+roundings are those of quant_x_rows / swiglu_quant_rows and y is rounded to bf16 before the combine, so
+moe_decode_ref models both paths.
 moe_decode_grouped runs quant_x_rows, the tile build, two grouped GEMMs, swiglu_quant_rows and a combine.
 Bytes: the routed experts' gate_up and down weights at 0.5625 bytes per weight dominate; e.g. OLMoE
 (H 2048, I 1024, A 8): 8 * 3 * 2048 * 1024 * 0.5625 = 28.3 MB, 7.7 us at 3.7 TB/s.
@@ -26,12 +25,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import FLOAT_DTYPES, check_shape, check_tensor
-from ..format import check_packed
+from .._checks import (FLOAT_DTYPES, check_contiguous, check_devices, check_ids, check_out, check_packed,
+                       check_shape, check_tensor)
 from . import plan as _plan
-from ._round import to_bf16_rne
-from ._validate import check_contiguous, check_devices, check_ids, check_out
-from .gemv import _PLAN_FIELDS, X_CODES, X_FLOAT, X_SWIGLU, _launch_gemv
+from .epilogue import to_bf16_rne
+from .gemv import X_FLOAT, X_SWIGLU, _launch_gemv
 from .grouped import build_group_tiles, gemm_int4_b32_grouped
 from .quant import quant_x_rows, swiglu_quant_rows
 
@@ -121,31 +119,12 @@ def moe_decode_step(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_pa
     A = topk_ids.shape[1]
     L = T * A
     eids = topk_ids.reshape(-1)
-    fuse = (plan or _plan.table_plan(x.device)).fuse_quant
-    kw = dict(split_k=split_k, plan=plan)
-    # gate_up: row r = t*A + j reads token t (r // A); x quantised in the GEMV prologue or just before it.
-    if fuse:
-        h = _launch_gemv(x, None, gate_up_packed, gate_up_scales, eids, 2 * I, H, L, x_mode=X_FLOAT,
-                         rows_per_x=A, **kw)
-    else:
-        xq, xs = quant_x_rows(x)
-        h = _launch_gemv(xq, xs, gate_up_packed, gate_up_scales, eids, 2 * I, H, L, rows_per_x=A, **kw)
-    # down: SwiGLU + quantisation of h (prologue or its own launch); the combine rides on the split-K
-    # reduce when there is one.
-    a, a_s, mode = (h, None, X_SWIGLU) if fuse else (*swiglu_quant_rows(h), X_CODES)
-    sk = _launch_plan_split(H, I, L, x.device, split_k, plan)
-    if sk > 1:
-        return _launch_gemv(a, a_s, down_packed, down_scales, eids, H, I, L, split_k=sk, plan=plan, x_mode=mode,
-                            topk_w=topk_w)
-    y = _launch_gemv(a, a_s, down_packed, down_scales, eids, H, I, L, split_k=1, plan=plan, x_mode=mode)
-    return combine_rows(y, topk_w)
-
-
-def _launch_plan_split(N, K, R, device, split_k, plan):
-    if split_k is None and plan is not None:
-        split_k = plan.split_k
-    fields = {} if plan is None else {f: getattr(plan, f) for f in _PLAN_FIELDS}
-    return _plan.gemv_plan(N, K, R, device, split_k=split_k, **fields).split_k
+    # gate_up: row r = t*A + j reads token t (r // A), quantised in the GEMV's prologue.
+    h = _launch_gemv(x, None, gate_up_packed, gate_up_scales, eids, 2 * I, H, L, x_mode=X_FLOAT, rows_per_x=A,
+                     split_k=split_k, plan=plan)
+    # down: SwiGLU + quantisation of h in the prologue; the combine in the last-arriving program's epilogue.
+    return _launch_gemv(h, None, down_packed, down_scales, eids, H, I, L, x_mode=X_SWIGLU, topk_w=topk_w,
+                        split_k=split_k, plan=plan)
 
 
 def moe_decode_grouped(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales,

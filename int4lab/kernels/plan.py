@@ -2,22 +2,22 @@
 
 Shape legend: E = experts, N = out features, K = in features, R = activation rows.
 
-Nothing is autotuned at import or at call time: a plan is a pure function of (generation, N, K, R), so
-a call is reproducible and legal under CUDA-graph capture. The table rows are the configurations the
-H200 sweep in notes/perf.md picked (data/receipts/kernel_sweep_h200.json); other generations keep the
-untuned starting row until someone measures them.
+Nothing is autotuned at import or at call time: a plan is a pure function of (generation, N, K, R) and
+of the plan a caller passes, so a call is reproducible and legal under CUDA-graph capture. The table rows
+are the configurations the H200 sweeps in notes/perf.md picked (data/receipts/kernel_sweep_*_h200.json);
+other generations keep the H200 row until someone measures them. A sweep tries other rows by passing a
+GemvPlan to the launchers (`plan=`), never by changing this table at run time.
 
 Split-K rule: a GEMV grid of cdiv(N, block_n) * R programs is too small to keep every SM streaming
 weights when N is small and K large (4096x14336: 64 programs for 132 SMs). Splitting K into `split_k`
-slices multiplies the programs; the price is one reduce launch over [split_k, R, N] fp32 partials.
+slices multiplies the programs; the price is SK * R * N float32 partials written and read once by the
+last-arriving program of each tile (epilogue.finish_rows), in the same launch.
 We split until the grid holds about `waves` programs per SM, never more than 16 slices and never
 more slices than K tiles.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 
 import torch
 
@@ -27,21 +27,18 @@ MAX_SPLIT_K = 16
 @dataclasses.dataclass(frozen=True)
 class GemvPlan:
     """Meta-parameters of one `gemv_int4_b32` launch."""
-    block_n: int        # output features per program (the MMA's M side; >= 16)
-    block_k: int        # K per loop step: 256 or a multiple of 512 (its K/32 scale blocks, padded to 16,
-    #                     are the MMA's N side)
+    block_n: int        # output features per program (mma: the MMA's M side, >= 16)
+    block_k: int        # K per loop step. dp4a: a power of two >= 128; mma: 256 or a multiple of 512 (its
+    #                     K/32 scale blocks, padded to 16, are the MMA's N side)
     num_warps: int
     num_stages: int     # software pipelining depth of the weight loads
     waves: float        # target programs per SM when choosing split-K
     split_k: int | None = None   # None: chosen by gemv_plan from `waves`
-    # Variants the first H200 sweep motivated (notes/perf.md, v2); both off = the kernel measured as v1.
-    defer_reduce: bool = False   # keep [block_n, 16] float32 partial sums, reduce across blocks once at
-    #                              the end, and decode signed codes (xor 0x88 + sign-extending shifts)
-    #                              instead of subtracting 8 * sum(x): no cross-thread reduction in the K loop
-    fuse_quant: bool = True      # int4_linear / moe_decode_step quantise activations inside the GEMV's
-    #                              prologue (one launch fewer) instead of a separate quant launch
-    kind: str = "mma"            # "mma": gemv.py's block-diagonal int8 MMA; "dp4a": gemv_dp4a.py's
-    #                              integer-pipe kernel (needs fuse_quant=False: it reads int8 codes)
+    kind: str = "dp4a"           # "dp4a": gemv_dp4a.py, integer pipe (every table row); "mma":
+    #                              gemv_mma.py, the tensor-core teaching variant
+    prefetch: bool = False       # dp4a: load tile i + 1's weights before tile i's arithmetic
+    defer_reduce: bool = False   # mma: [block_n, 16] float32 partials reduced once after the K loop, codes
+    #                              decoded signed (notes/perf.md, v2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,16 +55,13 @@ GEMV_TABLE = {
     # H200 sweep 2026-12-02 (notes/perf.md, v3): the dp4a kernel, the variant with the smallest geometric
     # mean time over the 12 decode shapes (data/receipts/kernel_sweep_dp4a_h200_first.json); 3.8x faster than
     # the v1 MMA row on 14336x4096.
-    "sm90": GemvPlan(block_n=32, block_k=1024, num_warps=4, num_stages=2, waves=4.0, fuse_quant=False,
-                     kind="dp4a"),
+    "sm90": GemvPlan(block_n=32, block_k=1024, num_warps=4, num_stages=2, waves=4.0),
     # Ampere/Ada have the same dp4a instruction; this row is the H200's, not measured on those chips.
-    "sm80": GemvPlan(block_n=32, block_k=1024, num_warps=4, num_stages=2, waves=4.0, fuse_quant=False,
-                     kind="dp4a"),
-    "interp": GemvPlan(block_n=64, block_k=512, num_warps=1, num_stages=1, waves=1.0, fuse_quant=False,
-                       kind="dp4a"),
+    "sm80": GemvPlan(block_n=32, block_k=1024, num_warps=4, num_stages=2, waves=4.0),
+    "interp": GemvPlan(block_n=64, block_k=512, num_warps=1, num_stages=1, waves=1.0),
 }
-# The v1 block-diagonal MMA kernel (gemv.py), kept as a measured alternative and for its fused prologues.
-MMA_PLAN = GemvPlan(block_n=128, block_k=512, num_warps=8, num_stages=3, waves=4.0)
+# The tensor-core teaching variant (gemv_mma.py), in no table row; its best H200 configuration (v1).
+MMA_PLAN = GemvPlan(block_n=128, block_k=512, num_warps=8, num_stages=3, waves=4.0, kind="mma")
 GROUPED_TABLE = {
     "sm90": GroupedPlan(block_n=64, num_warps=4, num_stages=3),
     "sm80": GroupedPlan(block_n=64, num_warps=4, num_stages=3),
@@ -101,36 +95,30 @@ def choose_split_k(n_programs: int, k_tiles: int, sms: int, waves: float) -> int
     return split
 
 
-PLAN_ENV = "INT4LAB_GEMV_PLAN"
-
-
-def table_row(device) -> GemvPlan:
-    """GEMV_TABLE's row for `device`, with the fields of the JSON object in $INT4LAB_GEMV_PLAN applied.
-
-    The variable exists for one job: a sweep picks a row and the benchmark in the same GPU session times
-    it, before anyone edits the table; receipts record the variable in their command line.
-    """
-    row = GEMV_TABLE[generation(device)]
-    env = os.environ.get(PLAN_ENV)
-    if env:
-        fields = json.loads(env)
-        unknown = set(fields) - {f.name for f in dataclasses.fields(GemvPlan)}
-        if unknown:
-            raise ValueError(f"{PLAN_ENV} names unknown GemvPlan fields {sorted(unknown)}")
-        row = dataclasses.replace(row, **fields)
-    return row
-
-
 def gemv_plan(N: int, K: int, R: int, device, split_k: int | None = None, **override) -> GemvPlan:
-    """The plan for an [R, K] x [N, K]^T GEMV on `device`; `split_k` / fields in `override` win."""
-    base = dataclasses.replace(table_row(device), **override)
+    """The plan for an [R, K] x [N, K]^T GEMV on `device`: the table row with `override` fields applied,
+    split-K from `split_k` or else the waves rule."""
+    return _finish(dataclasses.replace(GEMV_TABLE[generation(device)], **override), N, K, R, device, split_k)
+
+
+def resolve(plan: GemvPlan | None, N: int, K: int, R: int, device, split_k: int | None = None) -> GemvPlan:
+    """A caller's plan (or the table row when None) with its split-K fixed: `split_k`, else the plan's,
+    else the waves rule."""
+    if plan is None:
+        return gemv_plan(N, K, R, device, split_k)
+    if not isinstance(plan, GemvPlan):
+        raise TypeError(f"plan must be a GemvPlan or None, got {type(plan).__name__}")
+    return _finish(plan, N, K, R, device, split_k if split_k is not None else plan.split_k)
+
+
+def _finish(base: GemvPlan, N: int, K: int, R: int, device, split_k: int | None) -> GemvPlan:
     if base.kind not in ("mma", "dp4a"):
         raise ValueError(f"plan.kind must be 'mma' or 'dp4a', got {base.kind!r}")
     if base.kind == "dp4a":
-        if base.block_k < 128 or base.block_k & (base.block_k - 1) or base.block_n < 1 or base.fuse_quant:
-            raise ValueError(f"a dp4a plan needs block_k a power of two >= 128 and fuse_quant=False, got {base}")
+        if base.block_k < 128 or base.block_k & (base.block_k - 1) or base.block_n < 1:
+            raise ValueError(f"a dp4a plan needs block_k a power of two >= 128 and block_n >= 1, got {base}")
     elif (base.block_k != 256 and base.block_k % 512) or base.block_n < 16:
-        raise ValueError(f"plan needs block_k = 256 or a multiple of 512, and block_n >= 16, got {base}")
+        raise ValueError(f"an mma plan needs block_k = 256 or a multiple of 512, and block_n >= 16, got {base}")
     k_tiles = -(-K // base.block_k)
     if split_k is None:
         n_programs = -(-N // base.block_n) * R
@@ -138,11 +126,6 @@ def gemv_plan(N: int, K: int, R: int, device, split_k: int | None = None, **over
     if not isinstance(split_k, int) or isinstance(split_k, bool) or not 1 <= split_k <= MAX_SPLIT_K:
         raise ValueError(f"split_k must be an int in [1, {MAX_SPLIT_K}], got {split_k!r}")
     return dataclasses.replace(base, split_k=split_k)
-
-
-def table_plan(device) -> GemvPlan:
-    """The GEMV table row for `device` (split_k still unset)."""
-    return table_row(device)
 
 
 def grouped_plan(device, **override) -> GroupedPlan:

@@ -3,11 +3,16 @@
 Shape legend: R = activation rows, K = in features (K % 32 == 0), I = expert intermediate size.
 
 The codes must be bit-identical to `int4lab.format.quant_x_rows_ref` (on the CPU):
-    s = amax(|x_block|) / 127 + 1e-12        (float32, IEEE division)
-    q = clamp(floor(x / s + 0.5), -127, 127)  (IEEE division, then a separately rounded + 0.5)
-Triton's `/` on float32 compiles to an approximate division on NVIDIA GPUs, so both divisions use
-`tl.math.div_rn` (round-to-nearest, exact IEEE). Note: torch on CUDA computes `t / 127` as t * (1/127),
-which is not always the IEEE quotient, so compare against the reference evaluated on the CPU.
+    s   = amax(|x_block|) / 127 + 1e-12      (float32, IEEE division: once per block)
+    inv = 1 / s                              (float32, IEEE division: once per block)
+    q   = clamp(rint(x * inv), -127, 127)    (one float32 product per value, rounded half to even)
+Why this form: a GEMV that quantises its own slice of x (one launch per GEMV) does it once per program,
+so the per-value work must be a multiply, not an IEEE division (a long instruction sequence on NVIDIA
+GPUs, where Triton's `/` is approximate and `tl.math.div_rn` is the exact one). `rint` is `cvt.rni` on
+the GPU and an exact magic-number round in the interpreter; nothing is left for the compiler to fuse
+into an FMA, so the bits match the CPU reference. (Until the one-launch GEMV, q was floor(x / s + 0.5).)
+
+The jit helpers here are shared by the quantise launches below and the GEMV prologues (gemv_dp4a.py).
 
 Bytes per call (the floor): read R*K*2 (bf16), write R*K + R*K/32*4  ->  ~3.1 bytes per element.
 """
@@ -17,21 +22,34 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import FLOAT_DTYPES, check_k, check_tensor
+from .._checks import FLOAT_DTYPES, check_devices, check_k, check_out, check_rows_contiguous, check_tensor, interpreting
 from . import plan as _plan
-from ._validate import check_devices, check_out, check_rows_contiguous
-
-X_QMAX = 127
 
 
 @triton.jit
-def _quant_blocks(v):
-    """v float32 [NB, 32] -> (int8 codes [NB, 32], float32 scales [NB]); the reference's arithmetic."""
+def rint(x, USE_ASM: tl.constexpr):
+    """float32 -> float32 rounded to the nearest integer, ties to even (|x| < 2**22 in the interpreter)."""
+    if USE_ASM:
+        return tl.inline_asm_elementwise("cvt.rni.f32.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return (x + 12582912.0) - 12582912.0      # 1.5 * 2**23: the sum's ulp is 1, so it rounds x
+
+
+@triton.jit
+def quant_blocks(v, USE_ASM: tl.constexpr):
+    """v float32 [NB, 32] -> (codes as float32 [NB, 32] in [-127, 127], float32 scales [NB]); module doc."""
     amax = tl.max(tl.abs(v), axis=1)
     s = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)) + 1e-12
-    q = tl.floor(tl.math.div_rn(v, tl.broadcast_to(s[:, None], v.shape)) + 0.5)
-    q = tl.minimum(tl.maximum(q, -127.0), 127.0)
-    return q.to(tl.int8), s
+    inv = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+    q = rint(v * inv[:, None], USE_ASM)
+    return tl.minimum(tl.maximum(q, -127.0), 127.0), s
+
+
+@triton.jit
+def silu_mul(g, u):
+    """SwiGLU in float32: g / (1 + exp(-g)) * u (the GPU's exp and division: within an ulp of torch's)."""
+    return g / (1.0 + tl.exp(-g)) * u
 
 
 @triton.jit
@@ -41,7 +59,7 @@ def quant_rows_kernel(
     # Dimensions
     K, stride_xr,
     # Meta-parameters
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     """x [R, K] (any float) -> q int8 [R, K], s float32 [R, K/32]; one program owns BLOCK_K columns of a row."""
     r = tl.program_id(0)
@@ -50,8 +68,8 @@ def quant_rows_kernel(
     offs = kb[:, None] * 32 + tl.arange(0, 32)[None, :]        # column index       [NB, 32]
     mask = offs < K
     v = tl.load(x_ptr + r * stride_xr + offs, mask=mask, other=0.0).to(tl.float32)
-    q, s = _quant_blocks(v)
-    tl.store(q_ptr + r * K + offs, q, mask=mask)
+    q, s = quant_blocks(v, USE_ASM)
+    tl.store(q_ptr + r * K + offs, q.to(tl.int8), mask=mask)
     tl.store(s_ptr + r * (K // 32) + kb, s, mask=kb < K // 32)
 
 
@@ -62,7 +80,7 @@ def swiglu_quant_kernel(
     # Dimensions
     I, stride_hr,
     # Meta-parameters
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     """h [R, 2I] (gate columns first) -> codes/scales of silu(gate) * up, [R, I] int8 and [R, I/32] fp32."""
     r = tl.program_id(0)
@@ -72,9 +90,8 @@ def swiglu_quant_kernel(
     mask = offs < I
     g = tl.load(h_ptr + r * stride_hr + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(h_ptr + r * stride_hr + I + offs, mask=mask, other=0.0).to(tl.float32)
-    a = g / (1.0 + tl.exp(-g)) * u                             # SwiGLU in float32
-    q, s = _quant_blocks(a)
-    tl.store(q_ptr + r * I + offs, q, mask=mask)
+    q, s = quant_blocks(silu_mul(g, u), USE_ASM)
+    tl.store(q_ptr + r * I + offs, q.to(tl.int8), mask=mask)
     tl.store(s_ptr + r * (I // 32) + kb, s, mask=kb < I // 32)
 
 
@@ -93,7 +110,8 @@ def quant_x_rows(x: torch.Tensor, q: torch.Tensor | None = None, s: torch.Tensor
     s = check_out("s", s, (R, K // 32), torch.float32, dev)
     bk = _plan.row_block(dev)
     if R:
-        quant_rows_kernel[(R, triton.cdiv(K, bk))](x, q, s, K, x.stride(0), BLOCK_K=bk)
+        quant_rows_kernel[(R, triton.cdiv(K, bk))](x, q, s, K, x.stride(0), BLOCK_K=bk,
+                                                         USE_ASM=not interpreting())
     return q, s
 
 
@@ -114,7 +132,8 @@ def swiglu_quant_rows(h: torch.Tensor, q: torch.Tensor | None = None, s: torch.T
     s = check_out("s", s, (R, I // 32), torch.float32, dev)
     bk = _plan.row_block(dev)
     if R:
-        swiglu_quant_kernel[(R, triton.cdiv(I, bk))](h, q, s, I, h.stride(0), BLOCK_K=bk)
+        swiglu_quant_kernel[(R, triton.cdiv(I, bk))](h, q, s, I, h.stride(0), BLOCK_K=bk,
+                                                          USE_ASM=not interpreting())
     return q, s
 
 

@@ -25,14 +25,15 @@ import triton.language as tl
 
 from .._checks import check_tensor
 from ..cutlass_layout import K_MULTIPLE, N_MULTIPLE, weight_dequantize
-from ._validate import check_contiguous, check_devices, check_out
+from .._checks import check_contiguous, check_devices, check_out
+from .epilogue import to_bf16_rne
 
 X_DTYPES = (torch.float16, torch.bfloat16)
 SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_ROWS = 16
-MAGIC = 0x64006400        # {1024.0, 1024.0} as a half2
-BOTTOM = 0x000F000F       # nibble 0 of each 16-bit half
-TOP = 0x00F000F0          # nibble 1 of each 16-bit half
+MAGIC = tl.constexpr(0x64006400)     # {1024.0, 1024.0} as a half2
+BOTTOM = tl.constexpr(0x000F000F)    # nibble 0 of each 16-bit half
+TOP = tl.constexpr(0x00F000F0)       # nibble 1 of each 16-bit half
 
 
 @triton.jit
@@ -41,15 +42,6 @@ def _halves(h):
     lo = (h & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
     hi = (h >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
     return lo, hi
-
-
-@triton.jit
-def _to_bf16_rne(v):
-    """float32 -> bfloat16, round to nearest even, by bit arithmetic. Triton 3.6's CPU interpreter truncates
-    `.to(tl.bfloat16)` (even with fp_downcast_rounding="rtne"); this gives the GPU's rounding on both."""
-    b = v.to(tl.uint32, bitcast=True)
-    b = b + 0x7FFF + ((b >> 16) & 1)
-    return (b >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
@@ -93,10 +85,10 @@ def w4a16_cutlass_gemv_kernel(
         words = tl.load(w_ptr + wbase[:, None] + kb * 32 + w[None, :], mask=wmask, other=0)
         words = words.to(tl.uint32, bitcast=True)                  # [BN, 8]
         top = words >> 8
-        h0_lo, h0_hi = _halves((words & 0x000F000F) | 0x64006400)  # halves 0, 1: 1024 + v
-        h1_lo, h1_hi = _halves((words & 0x00F000F0) | 0x64006400)  # halves 2, 3: 1024 + 16 v
-        h2_lo, h2_hi = _halves((top & 0x000F000F) | 0x64006400)    # halves 4, 5
-        h3_lo, h3_hi = _halves((top & 0x00F000F0) | 0x64006400)    # halves 6, 7
+        h0_lo, h0_hi = _halves((words & BOTTOM) | MAGIC)  # halves 0, 1: 1024 + v
+        h1_lo, h1_hi = _halves((words & TOP) | MAGIC)  # halves 2, 3: 1024 + 16 v
+        h2_lo, h2_hi = _halves((top & BOTTOM) | MAGIC)  # halves 4, 5
+        h3_lo, h3_hi = _halves((top & TOP) | MAGIC)  # halves 6, 7
         xk = x_ptr + kb * 64
         acc = _dot8(acc, xk, xrow + 0, xmask, h0_lo - 1032.0)
         acc = _dot8(acc, xk, xrow + 1, xmask, h0_hi - 1032.0)
@@ -113,7 +105,7 @@ def w4a16_cutlass_gemv_kernel(
     if ATOMIC:
         tl.atomic_add(optr, acc, mask=omask)
     elif o_ptr.dtype.element_ty == tl.bfloat16:
-        tl.store(optr, _to_bf16_rne(acc), mask=omask)
+        tl.store(optr, to_bf16_rne(acc), mask=omask)
     else:
         tl.store(optr, acc.to(o_ptr.dtype.element_ty), mask=omask)
 
