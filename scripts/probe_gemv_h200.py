@@ -93,7 +93,7 @@ def floor_us(nbytes):
 
 SHAPES = [(14336, 4096), (4096, 14336), (28672, 4096), (28672, 8192), (4096, 4096), (1024, 4096),
           (2048, 2048), (2048, 1024), (4096, 2048), (512, 2048), (2048, 4096), (1536, 2048), (2048, 768)]
-SWEEP_SHAPES = [(14336, 4096), (4096, 14336), (28672, 8192), (2048, 2048), (512, 2048)]
+SWEEP_SHAPES = [(14336, 4096), (4096, 14336), (28672, 8192), (4096, 4096), (2048, 2048), (512, 2048), (2048, 768)]
 
 
 def weights(N, K, c):
@@ -134,11 +134,14 @@ def check(rec):
                 same_replays = False
         plan = gemv_plan(N, K, 1, "cuda")
         cnt_zero = all(int(c.abs().sum()) == 0 for (_, c) in G._WORKSPACES.values())
-        row = dict(N=N, K=K, quant_bit_identical=same_q, fused_eq_two_step=torch.equal(y1, y2), rel_err=err,
+        # the two kernels may sum the float32 block products in another order (layouts differ): count ulps
+        ulp = (y1.view(torch.int16).int() - y2.view(torch.int16).int()).abs().max().item()
+        row = dict(N=N, K=K, quant_bit_identical=same_q, fused_eq_two_step=torch.equal(y1, y2), max_ulp_vs_two_step=ulp,
+                   rel_err=err,
                    replays_identical=same_replays and torch.equal(first, y1), split_k=plan.split_k,
                    counters_zero=cnt_zero)
         print(row)
-        ok &= same_q and row["fused_eq_two_step"] and err < 5e-3 and row["replays_identical"] and cnt_zero
+        ok &= same_q and ulp <= 1 and err < 5e-3 and row["replays_identical"] and cnt_zero
         rec["checks"].append(row)
     # MoE step vs reference, 2 launches
     from int4lab.kernels.moe import moe_decode_ref
@@ -188,7 +191,7 @@ def time_two_step(N, K):
     return graph_time(fns)
 
 
-def time_moe(name):
+def time_moe(name, plan=None):
     H, I, E, A = MOES[name]
     nbytes = A * 3 * H * I * 9 // 16
     c = copies_for(nbytes)
@@ -197,7 +200,7 @@ def time_moe(name):
     x = torch.randn(1, H, device="cuda", dtype=torch.bfloat16)
     ids = torch.randperm(E, device="cuda")[:A].reshape(1, A).int()
     tw = torch.rand(1, A, device="cuda")
-    fns = [lambda gu=gu, dn=dn: il.moe_decode_step(x, ids, tw, *gu, *dn) for gu, dn in sets]
+    fns = [lambda gu=gu, dn=dn: il.moe_decode_step(x, ids, tw, *gu, *dn, plan=plan) for gu, dn in sets]
     return graph_time(fns), nbytes
 
 
@@ -205,6 +208,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget", type=float, default=420)
+    ap.add_argument("--skip-rows", action="store_true")
     args = ap.parse_args()
     t0 = time.time()
     rec = dict(provenance=provenance(command="python scripts/probe_gemv_h200.py"), checks=[], floor={}, sweep=[], rows=[], moe=[])
@@ -217,12 +221,11 @@ def main():
     print("floor", rec["floor"])
     base = gemv_plan(4096, 4096, 1, "cuda")
     plans = []
-    for bn in (16, 32, 64):
-        for bk in (512, 1024):
+    for bn in (8, 16, 32):
+        for bk in (1024, 2048, 4096):
             for nw in (4, 8):
-                for pf in (False, True):
-                    for waves in (2.0, 4.0):
-                        plans.append(dataclasses.replace(base, block_n=bn, block_k=bk, num_warps=nw, prefetch=pf, waves=waves, split_k=None))
+                for waves in (0.25, 2.0):
+                    plans.append(dataclasses.replace(base, block_n=bn, block_k=bk, num_warps=nw, prefetch=False, waves=waves, split_k=None))
     for p in plans:
         if time.time() - t0 > args.budget * 0.6:
             break
@@ -240,7 +243,7 @@ def main():
     rec["best_plan"] = best["plan"]
     bp = dataclasses.replace(base, **{k: v for k, v in best["plan"].items() if k != "split_k"})
     print("best", best["plan"], score(best))
-    for N, K in SHAPES:
+    for N, K in ([] if args.skip_rows else SHAPES):
         if time.time() - t0 > args.budget * 0.85:
             break
         tab = time_linear(N, K, None)
@@ -252,10 +255,20 @@ def main():
         rec["rows"].append(r)
         print(r)
         json.dump(rec, open(args.out, "w"), indent=1)
+    rec["best_per_shape"] = {}
+    for key in rec["sweep"][0]["us"]:
+        b = min(rec["sweep"], key=lambda r: r["us"][key])
+        rec["best_per_shape"][key] = dict(plan=b["plan"], us=b["us"][key], floor=rec["floor"][key][0])
+        print("best", key, b["plan"]["block_n"], b["plan"]["block_k"], b["plan"]["num_warps"], b["plan"]["waves"],
+              round(b["us"][key], 2), "floor", round(rec["floor"][key][0], 2))
+    top = sorted(rec["sweep"], key=score)[:4]
     for name in MOES:
-        t, nb = time_moe(name)
-        rec["moe"].append(dict(model=name, us=t, bytes=nb, floor_us=floor_us(nb)[0]))
-        print(rec["moe"][-1])
+        for cand in [None] + [dataclasses.replace(base, **{k: v for k, v in r["plan"].items() if k != "split_k"}) for r in top]:
+            t, nb = time_moe(name, cand)
+            rec["moe"].append(dict(model=name, us=t, bytes=nb, plan=dataclasses.asdict(cand) if cand else "table"))
+            print(name, round(t, 2), cand and (cand.block_n, cand.block_k, cand.num_warps, cand.waves))
+        rec["moe"].append(dict(model=name, floor_us=floor_us(nb)[0]))
+        json.dump(rec, open(args.out, "w"), indent=1)
     json.dump(rec, open(args.out, "w"), indent=1)
 
 
