@@ -272,5 +272,62 @@ def main():
     json.dump(rec, open(args.out, "w"), indent=1)
 
 
+
+
+
+def time_proj(name, which, plan):
+    """One MoE projection alone for one token: gate_up (x quantised inside) or down (SwiGLU + combine)."""
+    H, I, E, A = MOES[name]
+    N, K = (2 * I, H) if which == "gate_up" else (H, I)
+    nbytes = A * N * K * 9 // 16
+    c = copies_for(nbytes)
+    sets = [il.pack_int4_b32(torch.randn(E, N, K, device="cuda")) for _ in range(c)]
+    ids = torch.randperm(E, device="cuda")[:A].int()
+    tw = torch.rand(1, A, device="cuda")
+    if which == "gate_up":
+        x = torch.randn(1, H, device="cuda", dtype=torch.bfloat16)
+        fns = [lambda p=p, s=s: G._launch_gemv(x, None, p, s, ids, N, K, A, x_mode=G.X_FLOAT, rows_per_x=A, plan=plan)
+               for p, s in sets]
+    else:
+        h = torch.randn(A, 2 * I, device="cuda", dtype=torch.bfloat16)
+        fns = [lambda p=p, s=s: G._launch_gemv(h, None, p, s, ids, N, K, A, x_mode=G.X_SWIGLU, topk_w=tw, plan=plan)
+               for p, s in sets]
+    t = graph_time(fns)
+    del sets
+    return t, nbytes
+
+
+def main_v6(out):
+    rec = dict(provenance=provenance(command="python scripts/probe_gemv_h200.py --v6"), proj=[], rule=[])
+    base = gemv_plan(4096, 4096, 1, "cuda")
+    for name in MOES:
+        for which in ("gate_up", "down"):
+            H, I, E, A = MOES[name]
+            nb = A * (2 * I * H if which == "gate_up" else H * I) * 9 // 16
+            fl = floor_us(nb)[0]
+            for bn in (8, 16, 32, 64):
+                for bk in (1024, 2048):
+                    for waves in (0.25, 4.0):
+                        p = dataclasses.replace(base, block_n=bn, block_k=bk, num_warps=4, waves=waves, split_k=None)
+                        t, _ = time_proj(name, which, p)
+                        rec["proj"].append(dict(model=name, proj=which, bn=bn, bk=bk, waves=waves, us=t, floor_us=fl))
+                        print(name, which, bn, bk, waves, round(t, 2), "floor", round(fl, 2))
+            json.dump(rec, open(out, "w"), indent=1)
+    for N, K in SHAPES:
+        t = time_linear(N, K, None)
+        fl = floor_us(N * K // 2 + N * K // 32 * 2)[0]
+        rec["rule"].append(dict(N=N, K=K, us=t, floor_us=fl, plan=dataclasses.asdict(gemv_plan(N, K, 1, "cuda"))))
+        print("rule", N, K, round(t, 2), round(fl, 2), round(t / fl, 3))
+    for name in MOES:
+        t, nb = time_moe(name)
+        rec["rule"].append(dict(moe=name, us=t, floor_us=floor_us(nb)[0]))
+        print("rule moe", name, round(t, 2))
+    json.dump(rec, open(out, "w"), indent=1)
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+    if "--v6" in sys.argv:
+        main_v6(sys.argv[sys.argv.index("--v6") + 1])
+    else:
+        main()

@@ -49,16 +49,19 @@ class GroupedPlan:
     num_stages: int
 
 
-# Per generation. "interp" is the CPU interpreter, whose cost is per program and per op, not per element:
-# wide tiles, few programs.
+# Per generation: rows (smallest N * K per expert the row applies to, plan), largest first; block_k is
+# capped at the next power of two >= K. "interp" is the CPU interpreter, whose cost is per program and per
+# op, not per element: wide tiles, few programs.
 GEMV_TABLE = {
-    # H200 sweep 2026-12-02 (notes/perf.md, v3): the dp4a kernel, the variant with the smallest geometric
-    # mean time over the 12 decode shapes (data/receipts/kernel_sweep_dp4a_h200_first.json); 3.8x faster than
-    # the v1 MMA row on 14336x4096.
-    "sm90": GemvPlan(block_n=32, block_k=1024, num_warps=4, num_stages=2, waves=4.0),
-    # Ampere/Ada have the same dp4a instruction; this row is the H200's, not measured on those chips.
-    "sm80": GemvPlan(block_n=32, block_k=1024, num_warps=4, num_stages=2, waves=4.0),
-    "interp": GemvPlan(block_n=64, block_k=512, num_warps=1, num_stages=1, waves=1.0),
+    # H200 sweep 2026-12-02 (notes/perf.md v5, data/receipts/probe_gemv_v5_h200.json): with one launch per
+    # GEMV, split-K's last-arriving finish costs ~2 us of tail latency, so the rows split only when the grid
+    # would otherwise be tiny (waves 0.25); short rows of wide K tiles keep a program's bytes in flight.
+    "sm90": ((32 * 2**20, GemvPlan(block_n=16, block_k=2048, num_warps=4, num_stages=2, waves=0.25)),
+             (0, GemvPlan(block_n=8, block_k=2048, num_warps=4, num_stages=2, waves=0.25))),
+    # Ampere/Ada have the same dp4a instruction; these rows are the H200's, not measured on those chips.
+    "sm80": ((32 * 2**20, GemvPlan(block_n=16, block_k=2048, num_warps=4, num_stages=2, waves=0.25)),
+             (0, GemvPlan(block_n=8, block_k=2048, num_warps=4, num_stages=2, waves=0.25))),
+    "interp": ((0, GemvPlan(block_n=64, block_k=512, num_warps=1, num_stages=1, waves=1.0)),),
 }
 # The tensor-core teaching variant (gemv_mma.py), in no table row; its best H200 configuration (v1).
 MMA_PLAN = GemvPlan(block_n=128, block_k=512, num_warps=8, num_stages=3, waves=4.0, kind="mma")
@@ -95,10 +98,18 @@ def choose_split_k(n_programs: int, k_tiles: int, sms: int, waves: float) -> int
     return split
 
 
+def table_row(N: int, K: int, device) -> GemvPlan:
+    """GEMV_TABLE's row for an N x K weight on `device`, block_k capped at the next power of two >= K."""
+    for min_weights, row in GEMV_TABLE[generation(device)]:
+        if N * K >= min_weights:
+            return dataclasses.replace(row, block_k=max(128, min(row.block_k, 1 << (K - 1).bit_length())))
+    raise AssertionError("every GEMV_TABLE ends with a row for N * K >= 0")
+
+
 def gemv_plan(N: int, K: int, R: int, device, split_k: int | None = None, **override) -> GemvPlan:
     """The plan for an [R, K] x [N, K]^T GEMV on `device`: the table row with `override` fields applied,
     split-K from `split_k` or else the waves rule."""
-    return _finish(dataclasses.replace(GEMV_TABLE[generation(device)], **override), N, K, R, device, split_k)
+    return _finish(dataclasses.replace(table_row(N, K, device), **override), N, K, R, device, split_k)
 
 
 def resolve(plan: GemvPlan | None, N: int, K: int, R: int, device, split_k: int | None = None) -> GemvPlan:
