@@ -48,7 +48,8 @@ def naive_pack(w: torch.Tensor):
 
 
 def naive_quant_x(x: torch.Tensor):
-    """quant_x_rows_ref's spec in numpy float32 scalars: s = amax/127 + 1e-12, q = floor(x/s + 0.5)."""
+    """quant_x_rows_ref's spec in numpy float32 scalars: s = amax/127 + 1e-12, inv = 1/s,
+    q = round_half_to_even(x * inv) (Python's round on the float32 product)."""
     a = x.float().numpy()
     R, K = a.shape
     q = np.zeros((R, K), np.int8)
@@ -58,8 +59,9 @@ def naive_quant_x(x: torch.Tensor):
             blk = [F32(v) for v in a[r, b * BLOCK:(b + 1) * BLOCK]]
             s = max(abs(v) for v in blk) / F32(127) + F32(1e-12)
             s_all[r, b] = s
+            inv = F32(1) / s
             for i, v in enumerate(blk):
-                q[r, b * BLOCK + i] = int(min(max(math.floor(F32(v / s) + F32(0.5)), -127), 127))
+                q[r, b * BLOCK + i] = int(min(max(round(float(F32(v * inv))), -127), 127))
     return q, s_all
 
 
@@ -335,12 +337,12 @@ def test_quant_x_rows_matches_naive_on_adversarial_floats(vals):
 def test_quant_x_rows_clamp_rounding_and_zero_row():
     x = torch.zeros(2, 64)
     x[0, :32] = torch.linspace(-127, 127, 32)              # s = 127/127 + 1e-12 = 1.0 in float32
-    x[0, 0], x[0, 1], x[0, 2] = -127.0, 2.5, -2.5
+    x[0, 0], x[0, 1], x[0, 2], x[0, 3] = -127.0, 2.5, -2.5, 3.5
     x[0, 32:] = torch.randn(32)
     q, s = il.quant_x_rows_ref(x)
     assert float(s[0, 0]) == 1.0
     assert int(q[0, 0]) == -127 and int(q[0, 31]) == 127     # +-amax land on the ends; -128 never used
-    assert int(q[0, 1]) == 3 and int(q[0, 2]) == -2          # floor(v + 0.5): ties round up
+    assert int(q[0, 1]) == 2 and int(q[0, 2]) == -2 and int(q[0, 3]) == 4   # rint(v * 1/s): ties to even
     assert int(q[0, 32:].abs().max()) == 127
     # an all-zero row keeps a finite scale (1e-12) and codes 0
     assert torch.equal(q[1], torch.zeros(64, dtype=torch.int8))

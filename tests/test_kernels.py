@@ -17,11 +17,11 @@ from int4lab.format import quant_x_rows_ref
 from int4lab.kernels import (build_group_tiles, combine_rows, gemm_int4_b32_grouped, gemv_int4_b32, gemv_plan,
                              int4_linear, moe_decode_grouped, moe_decode_step, quant_x_rows, reduce_partials,
                              swiglu_quant_rows)
-from int4lab.kernels import _validate
+from int4lab import _checks as _validate
 from int4lab.kernels import gemv as gemv_mod
 from int4lab.kernels.gemv import X_FLOAT, X_SWIGLU, _launch_gemv, gemv_ref
 from int4lab.kernels.moe import moe_decode_ref
-from int4lab.kernels.plan import MMA_PLAN, choose_split_k, table_plan
+from int4lab.kernels.plan import MMA_PLAN, GemvPlan, choose_split_k, resolve
 from int4lab.kernels.quant import swiglu_quant_rows_ref
 
 BF16_TOL = 2.0 ** -7        # bf16 output rounding is <= 2^-8 relative; the issue's bound is 2^-7 of max|ref|
@@ -31,6 +31,17 @@ cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph
 def pack(E, N, K, device, scale=0.1):
     p, s = il.pack_int4_b32(torch.randn(E, N, K) * scale)
     return p.to(device), s.to(device)
+
+
+def assert_same_bits(a, b, cuda_ulps=1):
+    """Bit-identical in the interpreter; on CUDA two differently compiled kernels may sum the same float32
+    block products in another order (their register layouts differ), so allow `cuda_ulps` bf16 ulps."""
+    d = (a.view(torch.int16).int() - b.view(torch.int16).int()).abs().max().item() if a.numel() else 0
+    assert d <= (cuda_ulps if a.is_cuda else 0), f"{d} bf16 ulps apart"
+
+
+def counters_all_zero():
+    return all(int(c.abs().sum()) == 0 for _, c in gemv_mod._WORKSPACES.values())
 
 
 def assert_close_bf16(out, ref):
@@ -144,30 +155,77 @@ def test_gemv_bad_id_guard_gives_nan(device):
     assert not out[0].isnan().any() and out[1:].isnan().all()
 
 
+DP4A_PLAN = GemvPlan(block_n=16, block_k=256, num_warps=4, num_stages=2, waves=1.0)
+MMA_SMALL = dataclasses.replace(MMA_PLAN, block_n=32, num_warps=4)
+
+
+@pytest.mark.parametrize("plan", [DP4A_PLAN, dataclasses.replace(DP4A_PLAN, prefetch=True), MMA_SMALL],
+                         ids=["dp4a", "dp4a_prefetch", "mma"])
 @pytest.mark.parametrize("split_k", [1, 2])
-def test_fused_prologues_equal_separate_kernels(device, split_k):
-    """Quantising (or SwiGLU + quantising) inside the GEMV gives the same bits as the separate kernels."""
+def test_fused_prologues_equal_separate_kernels(device, split_k, plan):
+    """Quantising (or SwiGLU + quantising) inside the GEMV gives the codes of the separate kernels, so the
+    one-launch GEMV equals the two-step one (module doc of gemv.py)."""
     N, K, E = 24, 1024, 3
     packed, scales = pack(E, N, K, device)
     eids = torch.tensor([2, 0, 2, 1], dtype=torch.int32, device=device)
     x = (torch.randn(2, K) * 3).bfloat16().to(device)
-    mma = dataclasses.replace(MMA_PLAN, block_n=32, num_warps=4)      # the fused prologues are the MMA kernel's
     fused = _launch_gemv(x, None, packed, scales, eids, N, K, 4, split_k=split_k, x_mode=X_FLOAT, rows_per_x=2,
-                         plan=mma)
+                         plan=plan)
     xq, xs = quant_x_rows(x)
     sep = gemv_int4_b32(xq.repeat_interleave(2, 0), xs.repeat_interleave(2, 0), packed, scales, eids, N, K,
-                        split_k=split_k, plan=mma)
-    assert torch.equal(fused.view(torch.int16), sep.view(torch.int16))
+                        split_k=split_k, plan=plan)
+    assert_same_bits(fused, sep)
     h = (torch.randn(4, 2 * K) * 2).bfloat16().to(device)
-    fused = _launch_gemv(h, None, packed, scales, eids, N, K, 4, split_k=split_k, x_mode=X_SWIGLU, plan=mma)
+    fused = _launch_gemv(h, None, packed, scales, eids, N, K, 4, split_k=split_k, x_mode=X_SWIGLU, plan=plan)
     aq, as_ = swiglu_quant_rows(h)
-    sep = gemv_int4_b32(aq, as_, packed, scales, eids, N, K, split_k=split_k, plan=mma)
-    assert torch.equal(fused.view(torch.int16), sep.view(torch.int16))
+    sep = gemv_int4_b32(aq, as_, packed, scales, eids, N, K, split_k=split_k, plan=plan)
+    assert_same_bits(fused, sep)
+    assert counters_all_zero()
+
+
+@pytest.mark.parametrize("plan", [DP4A_PLAN, MMA_SMALL], ids=["dp4a", "mma"])
+def test_one_launch_split_k_equals_reduce_of_its_partials(device, plan):
+    """The last-arriving program's sum is reduce_partials' fixed-order sum of the same slots, bit for bit,
+    and the arrival counters are back to zero after every call (graph replays need them zero)."""
+    N, K, E, R = 45, 1056, 3, 3
+    packed, scales = pack(E, N, K, device)
+    xq, xs = quant_x_rows(torch.randn(R, K).to(device))
+    eids = torch.tensor([1, 2, 0], dtype=torch.int32, device=device)
+    for sk in (2, 3, 5):
+        part = poison(torch.empty(sk, R, N, device=device))
+        out = gemv_int4_b32(xq, xs, packed, scales, eids, N, K, part=part,
+                            out=poison(torch.empty(R, N, dtype=torch.bfloat16, device=device)), plan=plan)
+        assert torch.equal(out.view(torch.int16), reduce_partials(part, sk, R, N).view(torch.int16))
+        assert counters_all_zero()
+        again = gemv_int4_b32(xq, xs, packed, scales, eids, N, K, split_k=sk, plan=plan)
+        assert torch.equal(out.view(torch.int16), again.view(torch.int16))
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_fused_combine_equals_combine_rows(device, split_k):
+    """The down GEMV's epilogue combine (rows rounded to bf16, weighted in float32, j in order) equals
+    combine_rows on the GEMV's own bf16 rows, bit for bit when unsplit."""
+    T, A, N, K, E = 3, 2, 40, 512, 4
+    packed, scales = pack(E, N, K, device)
+    h = (torch.randn(T * A, 2 * K) * 2).bfloat16().to(device)
+    eids = torch.tensor([3, 0, 1, 1, 2, 0], dtype=torch.int32, device=device)
+    tw = torch.rand(T, A).to(device)
+    out = poison(torch.empty(T, N, dtype=torch.bfloat16, device=device))
+    fused = _launch_gemv(h, None, packed, scales, eids, N, K, T * A, x_mode=X_SWIGLU, topk_w=tw, out=out,
+                         split_k=split_k, plan=DP4A_PLAN)
+    rows = _launch_gemv(h, None, packed, scales, eids, N, K, T * A, x_mode=X_SWIGLU, split_k=split_k,
+                        plan=DP4A_PLAN)
+    ref = combine_rows(rows, tw)
+    if split_k == 1:
+        assert torch.equal(fused.view(torch.int16), ref.view(torch.int16))
+    else:                       # rows' own split-K finish rounds once more: within an ulp of a row
+        assert_close_bf16(fused, ref.float())
+    assert counters_all_zero()
 
 
 @pytest.mark.parametrize("defer_reduce,block_k", [(False, 512), (True, 512), (False, 256), (True, 256)])
 def test_plan_variants(device, defer_reduce, block_k):
-    """Every launch-plan variant computes the same function; fuse_quant on/off gives the same bits."""
+    """Every launch-plan variant of the MMA teaching kernel computes the same function."""
     N, K, E = 40, 1536 - 32 * (block_k == 256), 3          # with block_k 256: a K tail inside a tile
     base = dataclasses.replace(MMA_PLAN, defer_reduce=defer_reduce, block_k=block_k, block_n=32,
                                num_warps=4)
@@ -178,18 +236,13 @@ def test_plan_variants(device, defer_reduce, block_k):
     for sk in (1, 3):
         out = poison(torch.empty(4, N, dtype=torch.bfloat16, device=device))
         assert_close_bf16(gemv_int4_b32(xq, xs, packed, scales, eids, N, K, out=out, split_k=sk, plan=base), ref)
-    x = torch.randn(3, K).bfloat16().to(device)
-    lin = [int4_linear(x, packed[1], scales[1], plan=dataclasses.replace(base, fuse_quant=f)) for f in (True, False)]
-    assert torch.equal(lin[0].view(torch.int16), lin[1].view(torch.int16))
     w = moe_weights(4, 64, 64, device)
     xm = torch.randn(2, 64).bfloat16().to(device)
     ids = torch.tensor([[0, 3], [2, 0]], dtype=torch.int32, device=device)
     tw = torch.rand(2, 2).to(device)
     ref = moe_decode_ref(xm, ids, tw, *w)
-    for fq in (True, False):
-        for sk in (1, 2):
-            got = moe_decode_step(xm, ids, tw, *w, split_k=sk, plan=dataclasses.replace(base, fuse_quant=fq))
-            assert_close_bf16(got, ref)
+    for sk in (1, 2):
+        assert_close_bf16(moe_decode_step(xm, ids, tw, *w, split_k=sk, plan=base), ref)
 
 
 def test_reduce_partials_fixed_order(device):
@@ -312,10 +365,14 @@ def test_plan_split_rule():
     assert choose_split_k(n_programs=64, k_tiles=3, sms=132, waves=4.0) == 2      # never more than K tiles
     p = gemv_plan(4096, 14336, 1, "cpu")
     assert p.split_k >= 1 and p.block_k % 512 == 0
+    assert gemv_plan(64, 96, 1, "cpu").block_k == 128               # capped at the next power of two >= K
     with pytest.raises(ValueError, match="split_k"):
         gemv_plan(64, 512, 1, "cpu", split_k=17)
     with pytest.raises(ValueError, match="block_k = 256 or a multiple of 512"):
-        gemv_plan(64, 512, 1, "cpu", block_k=384, kind="mma", fuse_quant=True)
+        gemv_plan(64, 512, 1, "cpu", block_k=384, kind="mma")
+    with pytest.raises(TypeError, match="plan must be a GemvPlan"):
+        resolve({"block_n": 16}, 64, 512, 1, "cpu")
+    assert resolve(DP4A_PLAN, 64, 512, 1, "cpu", split_k=3).split_k == 3
 
 
 # ---------------------------------------------------------------- bad inputs
@@ -414,7 +471,7 @@ def test_cuda_graph_capture_matches_eager(device):
     xs_ = torch.randn(3, 4, H, device=device).bfloat16()
     ids3 = torch.tensor([[0, 2], [2, 3], [1, 0]], dtype=torch.int32, device=device)
     tw3 = torch.rand(3, 2, device=device)
-    v2 = dataclasses.replace(MMA_PLAN, defer_reduce=True, fuse_quant=False)
+    v2 = dataclasses.replace(MMA_PLAN, defer_reduce=True)
     eager = [moe_decode_step(x, ids, tw, *w, split_k=2), moe_decode_step(x, ids, tw, *w),
              moe_decode_grouped(xs_[:, 0].contiguous(), ids3, tw3, *w), moe_decode_step(x, ids, tw, *w, plan=v2)]
     x3 = xs_[:, 0].contiguous()
@@ -442,7 +499,7 @@ def test_cuda_graph_capture_matches_eager(device):
     assert torch.equal(outs[0].view(torch.int16), moe_decode_step(x, ids, tw, *w, split_k=2).view(torch.int16))
 
 
-DP4A = dict(kind="dp4a", fuse_quant=False, num_warps=4, num_stages=2)
+DP4A = dict(kind="dp4a", num_warps=4, num_stages=2)
 
 
 @pytest.mark.parametrize("block_n,block_k", [(16, 128), (32, 512)])
@@ -450,7 +507,7 @@ def test_dp4a_plan(device, block_n, block_k):
     """gemv_dp4a.py computes the same function: routed rows, K tails inside a tile, ragged N, split-K,
     dense int4_linear and the MoE step; every output element written (poisoned buffers)."""
     N, K, E = 41, 1056, 3                        # K = 33 blocks: a tail inside every tile size above
-    plan = dataclasses.replace(table_plan(device), block_n=block_n, block_k=block_k, **DP4A)
+    plan = dataclasses.replace(DP4A_PLAN, block_n=block_n, block_k=block_k, **DP4A)
     packed, scales = pack(E, N, K, device)
     xq, xs = quant_x_rows(torch.randn(4, K).to(device))
     eids = torch.tensor([2, 0, 2, 1], dtype=torch.int32, device=device)
@@ -466,7 +523,7 @@ def test_dp4a_plan(device, block_n, block_k):
 def test_dp4a_linear_and_moe(device):
     """int4_linear and the MoE step through a dp4a plan agree with the MMA kernel and the reference."""
     N, K, E = 41, 1056, 2
-    plan = dataclasses.replace(table_plan(device), block_n=16, block_k=256, **DP4A)
+    plan = dataclasses.replace(DP4A_PLAN, block_n=16, block_k=256, **DP4A)
     packed, scales = pack(E, N, K, device)
     x = torch.randn(3, K).bfloat16().to(device)
     mma = int4_linear(x, packed[1], scales[1], plan=dataclasses.replace(plan, kind="mma", block_n=32,
@@ -481,10 +538,7 @@ def test_dp4a_linear_and_moe(device):
 
 
 def test_dp4a_plan_rules(device):
-    base = table_plan(device)
-    with pytest.raises(ValueError, match="fuse_quant=False"):
-        gemv_plan(64, 256, 1, device, **{**dataclasses.asdict(base), **DP4A, "fuse_quant": True,
-                                         "block_k": 256})
+    base = DP4A_PLAN
     with pytest.raises(ValueError, match="power of two"):
         gemv_plan(64, 256, 1, device, **{**dataclasses.asdict(base), **DP4A, "block_k": 96})
     with pytest.raises(ValueError, match="kind"):
