@@ -77,7 +77,8 @@ def read_xor_call(buf: torch.Tensor, block: int, iters: int, num_warps: int):
     per-program xors (their xor is the xor of `buf` as little-endian words, zero-padded to a whole word)."""
     _check(buf, block, iters, num_warps)
     n_words, n_tail = buf.numel() // 4, buf.numel() % 4
-    words = buf[: 4 * n_words].view(torch.int32) if n_words else buf
+    # under 4 bytes there are no whole words: a one-word dummy keeps the pointer's type (never read: n_words = 0)
+    words = buf[: 4 * n_words].view(torch.int32) if n_words else torch.zeros(1, dtype=torch.int32, device=buf.device)
     tail = buf[4 * n_words:] if n_tail else buf
     programs = max(1, triton.cdiv(n_words, block * iters))
     out = torch.empty(programs, dtype=torch.int32, device=buf.device)
