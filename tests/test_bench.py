@@ -680,3 +680,10 @@ def test_results_block_from_committed_receipts():
         assert f"| {arch} |" in text
     assert "gptq" in text and ("PASS" in text or "FAIL" in text)
     assert "14336×4096" in text                      # the H200 pack-time rows
+
+
+def test_receipt_commands_carry_no_machine_paths():
+    from int4lab.receipts import portable_command
+    cmd = "python -m int4lab.bench --out /some/machine/dir/decode_h200.json --quick"
+    assert portable_command(cmd) == "python -m int4lab.bench --out …/decode_h200.json --quick"
+    assert portable_command("python -m int4lab.bench --out r.json") == "python -m int4lab.bench --out r.json"

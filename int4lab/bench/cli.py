@@ -45,8 +45,8 @@ def main(argv=None) -> int:
         print("int4lab.bench: no CUDA device here; timing needs one (use --dry-run to list shapes and bytes)",
               file=sys.stderr)
         return 2
-    from ..receipts import write_receipt
-    cmd = ("python -m int4lab.bench " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    from ..receipts import portable_command, write_receipt
+    cmd = portable_command("python -m int4lab.bench " + " ".join(argv if argv is not None else sys.argv[1:]))
     # after every measurement the receipt on disk is rewritten (method.complete false until the end), so a run
     # killed from outside still leaves what it measured
     payload = run(quick=args.quick, only=only, replays=args.replays, seed=args.seed,
