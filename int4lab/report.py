@@ -273,6 +273,8 @@ def render(rec, anchors=()) -> str:
         f"weights rotated beyond L2. Read floor: a kernel that only reads the row's int4-b32 bytes (MoE: the "
         f"unique routed experts'), best of a few launch configurations, timed the same way in the same run; "
         f"a peer's cell gives its µs and (peer / int4_b32)."
+        + (f" One launch costs {rec['launch']['us']:.2f} µs in a graph (the floor kernel over one word)."
+           if "launch" in rec else "")
         + ("" if has_floor else " **This receipt predates the read floor**: its floor and ratio columns read –.")
         + ("" if rec.get("method", {}).get("complete", True) else
            " **Partial run**: the harness stopped before its schedule was done."),

@@ -651,9 +651,9 @@ def test_run_measures_each_floor_once_and_records_a_failing_one(monkeypatch, fak
     _fake_device(monkeypatch)
     asked = []
 
-    def fake_floor(nbytes, *, l2, replays):
+    def fake_floor(nbytes, *, l2, replays, configs=floor.FLOOR_CONFIGS):
         asked.append(nbytes)
-        if len(asked) == 1:                                              # the first (one-token MoE) floor
+        if len(asked) == 2:                                              # the first row's (one-token MoE) floor
             raise RuntimeError("floor kernel broke")
         return {"bytes": nbytes, "us": 1.0, "p10_us": 1.0, "p90_us": 1.0, "replays": replays, "copies": 1,
                 "cfg": "fake", "configs": {"fake": 1.0}}
@@ -663,6 +663,8 @@ def test_run_measures_each_floor_once_and_records_a_failing_one(monkeypatch, fak
                                                                    shapes.Shape("tiny", "proj2", 64, 128)])
     monkeypatch.setitem(harness.MODELS, "qwen3", TINY)
     out = bench.run(quick=True, only=["bf16", "bf16_loop"], budget_s=None)
+    assert out["launch"]["bytes"] == 4 == asked[0]                       # one launch's cost: a one-word read
+    asked = asked[1:]
     assert len(asked) == len(set(asked)) == 3                            # one measurement per byte count
     assert [f["bytes"] for f in out["floor"]] == asked[1:]
     broken = [s for s in out["skipped"] if s.get("impl") == "floor"]

@@ -182,6 +182,11 @@ def run(*, quick: bool = False, only=None, replays: int | None = None, seed: int
                           "complete": False},
                "models": {k: asdict(v) for k, v in MODELS.items()},
                "copy": copy, "floor": [], "rows": [], "skipped": []}
+    try:   # what one launch costs in a graph: the floor kernel over a single word (small rows' floors are mostly this)
+        payload["launch"] = floor.read_floor(4, l2=l2, replays=replays, configs=floor.FLOOR_CONFIGS[:1])
+        print(f"  one launch in a graph: {payload['launch']['us']:.2f} us", flush=True)
+    except Exception as e:
+        payload["skipped"].append({"what": "launch cost (read floor of 4 B)", "impl": "floor", "reason": _reason(e)})
     floors: dict[int, dict | None] = {}
 
     def floor_of(nbytes: int) -> dict | None:

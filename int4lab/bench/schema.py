@@ -68,7 +68,8 @@ def validate_floor(entry: dict) -> None:
 
 def validate_receipt(rec: dict) -> None:
     """Raise ValueError unless `rec` is a decode receipt: provenance, valid rows, a reason for every skip, and
-    (when present) a positive copy bandwidth and valid read-floor entries."""
+    (when present) a positive copy bandwidth and valid read-floor entries (`floor`, and `launch`: the floor
+    kernel over one word, i.e. what one launch costs in a graph)."""
     if not isinstance(rec, dict):
         raise ValueError(f"receipt must be a dict, got {type(rec).__name__}")
     for k in ("provenance", "rows", "skipped"):
@@ -85,5 +86,5 @@ def validate_receipt(rec: dict) -> None:
         gbps = rec["copy"].get("GBps") if isinstance(rec["copy"], dict) else None
         if not _positive_number(gbps):
             raise ValueError(f"receipt copy.GBps must be a positive number, got {gbps!r}")
-    for entry in rec.get("floor", []):
+    for entry in rec.get("floor", []) + ([rec["launch"]] if "launch" in rec else []):
         validate_floor(entry)
