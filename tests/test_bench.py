@@ -689,3 +689,30 @@ def test_receipt_commands_carry_no_machine_paths():
     cmd = "python -m int4lab.bench --out /some/machine/dir/decode_h200.json --quick"
     assert portable_command(cmd) == "python -m int4lab.bench --out …/decode_h200.json --quick"
     assert portable_command("python -m int4lab.bench --out r.json") == "python -m int4lab.bench --out r.json"
+
+
+def test_floor_kernel_streams_16_byte_loads_on_sm90():
+    """Compiled for an H100/H200 (no GPU needed), the whole-chunk path is 16-byte loads only: the floor is a
+    fast read, not one the GEMV could beat by loading wider. Run in a subprocess: compiling needs the
+    interpreter off, and this process has it on."""
+    import os
+    import subprocess
+    import sys
+    script = (
+        "import re, triton\n"
+        "from triton.backends.compiler import GPUTarget\n"
+        "from triton.compiler import ASTSource\n"
+        "from int4lab.bench.floor import FLOOR_CONFIGS, read_xor_kernel\n"
+        "sig = dict(words_ptr='*i32', tail_ptr='*u8', out_ptr='*i32', n_words='i32', n_tail='i32',\n"
+        "           BLOCK='constexpr', ITERS='constexpr', HAS_TAIL='constexpr')\n"
+        "for block, iters, warps in FLOOR_CONFIGS:\n"
+        "    src = ASTSource(fn=read_xor_kernel, signature=sig, attrs={(0,): [['tt.divisibility', 16]]},\n"
+        "                    constexprs=dict(BLOCK=block, ITERS=iters, HAS_TAIL=False))\n"
+        "    ptx = triton.compile(src, target=GPUTarget('cuda', 90, 32), options={'num_warps': warps}).asm['ptx']\n"
+        "    print(block, iters, warps, len(re.findall(r'ld\\.global\\.v4\\.b32', ptx)))\n")
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(il.ROOT)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for line in out.stdout.split("\n")[:-1]:
+        block, iters, warps, v4 = map(int, line.split())
+        assert v4 == iters * block // (32 * warps * 4), line           # every word of a whole chunk, 4 per load
