@@ -716,3 +716,28 @@ def test_floor_kernel_streams_16_byte_loads_on_sm90():
     for line in out.stdout.split("\n")[:-1]:
         block, iters, warps, v4 = map(int, line.split())
         assert v4 == iters * block // (32 * warps * 4), line           # every word of a whole chunk, 4 per load
+
+
+# ---- the tuning sweep: its shapes are the table's, its pick is a geometric mean -----------------------------
+
+
+def test_sweep_shapes_come_from_the_shapes_table():
+    from int4lab.tune import sweep
+    got = sweep.sweep_shapes()
+    nk = [(N, K) for _, N, K in got]
+    assert len(nk) == len(set(nk)) and set(nk) == {(s.N, s.K) for s in shapes.all_shapes()}
+    assert nk[:3] == list(shapes.TARGET_SHAPES)
+    assert sweep.int4_bytes(4096, 4096) == 4096 * 4096 * 9 // 16
+
+
+def test_sweep_pick_plan_takes_the_smallest_geometric_mean():
+    from int4lab.tune import sweep
+
+    def variant(us, bn):
+        return {"us": us, "plan": {"block_n": bn, "split_k": 4}}
+    payload = {"dense": [
+        {"int4_b32": {"table": {"us": 1.0}, "dp4a_a": variant(10.0, 16), "dp4a_b": variant(4.0, 32)}},
+        {"int4_b32": {"dp4a_a": variant(1.0, 16), "dp4a_b": variant(3.0, 32), "dp4a_c": variant(0.1, 64)}},
+    ]}
+    assert sweep.pick_plan(payload) == {"block_n": 16}          # 10 x 1 < 4 x 3; c was not timed everywhere
+    assert sweep.pick_plan({"dense": []}) is None
