@@ -18,7 +18,7 @@ import torch
 from ..shapes import MODELS, TARGET_SHAPES, MoEModel, Shape, all_shapes, by_priority
 from . import floor, peers, timing
 from .schema import GEMV_IMPLS, IMPLS
-from .traffic import gemv_bytes, gemv_floor_bytes, moe_bytes, moe_floor_bytes
+from .traffic import expert_bytes, gemv_bytes, gemv_floor_bytes, moe_bytes, moe_floor_bytes
 
 MOE_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 QUICK_TOKENS = (1, 8)
@@ -92,7 +92,7 @@ def bench_moe(m: MoEModel, impl: str, rows: int, *, replays: int, l2: int, gen, 
     try:
         inp = peers.moe_inputs(m, rows, gen, seed)
         active = peers.n_active(inp.ids)
-        copies = timing.copies_for(active * peers.expert_bytes(impl, m), l2)
+        copies = timing.copies_for(active * expert_bytes(impl, m), l2)
         t0 = time.time()
         calls, ref, wbytes, tol = peers.prep_moe(impl, m, inp, copies)
         err, setup_s, s = checked_timing(calls, ref, tol, replays, t0)
