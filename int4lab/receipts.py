@@ -57,6 +57,12 @@ def provenance(command: str | None = None) -> dict:
     }
 
 
+def portable_command(command) -> str:
+    """`command` with the directories of absolute paths elided ("…/name"): where a file was written on the
+    measuring machine says nothing about the measurement, and receipts carry no machine paths."""
+    return " ".join("…/" + Path(t).name if t.startswith("/") else t for t in str(command).split())
+
+
 def write_receipt(path, payload: dict, command: str | None = None) -> Path:
     """Write payload plus a `provenance` block as JSON; returns the path."""
     path = Path(path)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One lent-GPU session: the suite on CUDA, a dp4a plan sweep, then every kernel timed beside its peers.
+# One lent-GPU session: the suite on CUDA, a dp4a plan sweep, then every kernel timed beside its peers and
+# the read floor (the bench stops starting measurements after its 300 s budget).
 # Usage (on the GPU machine, repo root, $OUT set by the device tool; the checkout travels without .git):
 #   INT4LAB_GIT_COMMIT=<sha> bash scripts/h200_session.sh [--with-pack]
 # Writes under $OUT: cuda_tests_h200.txt, kernel_sweep_dp4a.json, plan.txt, decode_h200.json
@@ -19,11 +20,11 @@ timeout 150 python3 -m pytest -q -m "not notebook" -p no:cacheprovider tests/tes
   tests/test_w4a16_cutlass.py tests/test_cutlass_layout.py tests/test_format.py tests/test_gptq.py \
   tests/test_quantize.py 2>&1 | tee "$OUT/cuda_tests_h200.txt" | tail -15
 echo "== 2. dp4a plan sweep ($(( $(date +%s) - t0 )) s in)"
-timeout 120 python3 -m int4lab.kernels.sweep --kinds dp4a --no-moe --budget-s 85 --full 2 \
+timeout 120 python3 -m int4lab.tune.sweep --kinds dp4a --no-moe --budget-s 85 --full 2 \
   --out "$OUT/kernel_sweep_dp4a.json"
-python3 -m int4lab.kernels.sweep --pick --out "$OUT/kernel_sweep_dp4a.json" | tail -1 | tee "$OUT/plan.txt"
+python3 -m int4lab.tune.sweep --pick --out "$OUT/kernel_sweep_dp4a.json" | tail -1 | tee "$OUT/plan.txt"
 echo "== 3. side-by-side benchmark, committed plan table ($(( $(date +%s) - t0 )) s in)"
-timeout 240 python3 -m int4lab.bench --out "$OUT/decode_h200.json"
+timeout 400 python3 -m int4lab.bench --out "$OUT/decode_h200.json"
 if [ "${1:-}" = "--with-pack" ]; then
   echo "== 4. GPTQ pack time ($(( $(date +%s) - t0 )) s in)"
   timeout 45 python3 -m int4lab.bench_pack --device cuda 2>&1 | tail -5

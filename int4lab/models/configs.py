@@ -1,4 +1,5 @@
-"""The three tiny MoE shapes: Mixtral (8 experts, top-2), OLMoE and Qwen3-MoE (32 experts, top-8).
+"""transformers configs of the three tiny MoE models: Mixtral (8 experts, top-2), OLMoE and Qwen3-MoE
+(32 experts, top-8); their sizes are rows of `int4lab.shapes.TINY`.
 
 # E = experts, N = out features, K = in features, H = hidden size, I = expert intermediate size
 
@@ -8,12 +9,15 @@ K a multiple of 32 (gate_up: K = H = 128; down: K = I = 256 or 64).
 """
 from __future__ import annotations
 
-ARCHS = ("mixtral", "olmoe", "qwen3_moe")
+from ..shapes import TINY
+
+ARCHS = tuple(TINY)
 
 VOCAB_SIZE = 4096
-HIDDEN = 128
+HIDDEN = TINY["mixtral"].hidden             # the three share H, heads and head_dim (asserted below)
 LAYERS = 4
-HEADS = 4
+HEADS = TINY["mixtral"].n_heads
+assert all((t.hidden, t.n_heads, t.head_dim) == (HIDDEN, HEADS, HIDDEN // HEADS) for t in TINY.values())
 MAX_POSITIONS = 512
 
 # Special-token ids fixed by the tokenizer build (int4lab/models/tokenizer.py puts them first).
@@ -33,6 +37,7 @@ def tiny_config(arch: str, vocab_size: int = VOCAB_SIZE):
     training script asks for router logits per call instead.
     """
     check_arch(arch)
+    t = TINY[arch]
     common = dict(vocab_size=vocab_size, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
                   num_attention_heads=HEADS, max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-5,
                   tie_word_embeddings=False, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=EOS_ID,
@@ -40,18 +45,19 @@ def tiny_config(arch: str, vocab_size: int = VOCAB_SIZE):
                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     if arch == "mixtral":
         from transformers import MixtralConfig
-        return MixtralConfig(**common, intermediate_size=256, num_local_experts=8, num_experts_per_tok=2,
-                             num_key_value_heads=2)
+        return MixtralConfig(**common, intermediate_size=t.intermediate, num_local_experts=t.n_experts,
+                             num_experts_per_tok=t.top_k, num_key_value_heads=t.n_kv_heads)
     if arch == "olmoe":
         from transformers import OlmoeConfig
         # OLMoE: no grouped-query attention, router probabilities not renormalised over the top-k.
-        return OlmoeConfig(**common, intermediate_size=64, num_experts=32, num_experts_per_tok=8,
-                           num_key_value_heads=HEADS, norm_topk_prob=False)
+        return OlmoeConfig(**common, intermediate_size=t.intermediate, num_experts=t.n_experts,
+                           num_experts_per_tok=t.top_k, num_key_value_heads=t.n_kv_heads, norm_topk_prob=False)
     from transformers import Qwen3MoeConfig
     # Qwen3-MoE: every layer sparse (decoder_sparse_step=1), top-k weights renormalised as in Qwen3-30B-A3B.
-    return Qwen3MoeConfig(**common, moe_intermediate_size=64, intermediate_size=256, num_experts=32,
-                          num_experts_per_tok=8, num_key_value_heads=2, norm_topk_prob=True,
-                          decoder_sparse_step=1, mlp_only_layers=[])
+    # intermediate_size is the dense MLP's width, unused here: every layer is sparse.
+    return Qwen3MoeConfig(**common, moe_intermediate_size=t.intermediate, intermediate_size=256,
+                          num_experts=t.n_experts, num_experts_per_tok=t.top_k, num_key_value_heads=t.n_kv_heads,
+                          norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
 
 
 def expert_shapes(config) -> dict:

@@ -1,6 +1,7 @@
-"""Compile the GEMV for a GPU target without a GPU and report what the compiler did with it.
+"""Compile the tensor-core (MMA) GEMV variants for a GPU target without a GPU and report what the compiler
+did with each.
 
-    TRITON_INTERPRET=0 python -m int4lab.kernels.resources [--arch 90] [--out notes/gemv_resources_sm90.json]
+    TRITON_INTERPRET=0 python -m int4lab.tune.resources [--arch 90] [--out notes/gemv_resources_sm90.json]
 
 For each launch-plan variant: registers per thread and spill bytes (ptxas -v, run on Triton's PTX with
 Triton's bundled ptxas), shared memory, and a count of the SASS instructions that matter here: the MMAs
@@ -25,7 +26,7 @@ SASS_OPS = ("HGMMA", "IGMMA", "IMMA", "HMMA", "LDL", "STL", "BAR", "SHFL", "LDS"
 
 # (label, block_n, block_k, num_warps, num_stages, defer_reduce, x_mode)
 VARIANTS = [("v1 bn64 w4 s4, fused quant", 64, 512, 4, 4, False, 1),
-            ("v1 bn128 w8 s3, fused quant (sm90 table)", 128, 512, 8, 3, False, 1),
+            ("v1 bn128 w8 s3, fused quant", 128, 512, 8, 3, False, 1),
             ("v1 bn128 w8 s3, codes in", 128, 512, 8, 3, False, 0),
             ("v1 bn64 w4 s3 bk1024, fused quant", 64, 1024, 4, 3, False, 1),
             ("v2 bn64 w4 s4 defer, codes in", 64, 512, 4, 4, True, 0),
@@ -46,7 +47,7 @@ def compile_variant(bn, bk, nw, ns, defer, x_mode, arch=90):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from .gemv import gemv_int4_b32_kernel
+    from ..kernels.gemv import gemv_int4_b32_kernel
     x_ty = "*i8" if x_mode == 0 else "*bf16"
     sig = {"x_ptr": x_ty, "xs_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*fp16", "eid_ptr": "*i32",
            "out_ptr": "*bf16", "part_ptr": "*fp32", "R": "i32", "N": "i32", "K": "i32", "E": "i32",
@@ -98,7 +99,7 @@ def main(argv=None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         import triton
         args.out.write_text(json.dumps({"arch": args.arch, "triton": triton.__version__,
-                                        "command": "TRITON_INTERPRET=0 python -m int4lab.kernels.resources",
+                                        "command": "TRITON_INTERPRET=0 python -m int4lab.tune.resources",
                                         "rows": rows}, indent=1) + "\n")
     return 0
 

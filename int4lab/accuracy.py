@@ -1,4 +1,4 @@
-"""Correctness measurements of the decode kernels against float64 references (notebook 03 plots these).
+"""Accuracy cases of the decode kernels against float64 references: chapter 03 tabulates and plots these.
 
 Shape legend: E = experts, N = out features, K = in features, R = activation rows, T = tokens, A = top-k.
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from ..format import dequant_int4_ref, pack_int4_b32, quant_x_rows_ref
-from .gemv import gemv_int4_b32, gemv_ref, int4_linear
-from .grouped import build_group_tiles, gemm_int4_b32_grouped
-from .moe import moe_decode_grouped, moe_decode_ref, moe_decode_step
-from .quant import quant_x_rows
+from .format import dequant_int4_ref, pack_int4_b32, quant_x_rows_ref
+from .kernels.gemv import gemv_int4_b32, gemv_ref, int4_linear
+from .kernels.grouped import build_group_tiles, gemm_int4_b32_grouped
+from .kernels.moe import moe_decode_grouped, moe_decode_ref, moe_decode_step
+from .kernels.quant import quant_x_rows
 
 BOUND = 2.0 ** -7
 

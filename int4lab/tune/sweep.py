@@ -1,70 +1,59 @@
-"""Time GEMV launch-plan variants and MoE steps on a GPU: CUDA-graph replay, weights rotated past L2.
+"""Tune the GEMV launch plan on a GPU: time plan variants and MoE steps with the bench's timer.
 
-    python -m int4lab.kernels.sweep --out data/receipts/kernel_sweep_h200.json [--budget-s 200] [--phase a]
+    python -m int4lab.tune.sweep --out data/receipts/kernel_sweep_h200.json [--budget-s 200] [--kinds dp4a]
+    python -m int4lab.tune.sweep --pick --out data/receipts/kernel_sweep_h200.json   # best dp4a plan, as JSON
 
-This is the kernel engineer's tuning tool (which plan row to put in plan.py); the side-by-side
-comparison with peers is `python -m int4lab.bench`. Method (as the anchors in notes/perf.md):
-one graph holds `copies` calls, each on its own copy of the weights, with copies * bytes > 4 x L2, so
-every call streams its weights from HBM; time = median over replays of (graph time / copies).
-Weights are random bytes and random fp16 scales: the kernels' speed does not depend on the values.
-Shape legend: E = experts, N = out features, K = in features, A = experts per token.
+This is the tuning tool (which row to put in `int4lab/kernels/plan.py`); the side-by-side comparison with
+peers is `python -m int4lab.bench`. Timing is the bench's (`int4lab.bench.timing`): one CUDA graph over
+`copies` calls, each on its own copy of the weights, copies x bytes > 4 x L2, median of 30 replays. Every
+variant is passed to the launchers as an explicit `plan=` (no environment variable). Weights are random
+bytes and random fp16 scales: the kernels' speed does not depend on the values. Shapes come from
+`int4lab.shapes`.
+
+Shape legend: E = experts, N = out features, K = in features, A = experts per token, H = hidden, I = one
+expert's intermediate width.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 
 import torch
 
+from ..bench.timing import copies_for, l2_bytes, summarise, time_calls
+from ..bench.traffic import gemv_bytes
+from ..kernels.gemv import int4_linear
+from ..kernels.moe import moe_decode_step
+from ..kernels.plan import GemvPlan, choose_split_k, gemv_plan, num_sms, table_row
 from ..receipts import write_receipt
-from .gemv import int4_linear
-from .moe import moe_decode_step
-from .plan import GemvPlan, choose_split_k, gemv_plan, num_sms, table_plan
+from ..shapes import MODELS, all_shapes, by_priority
 
-# (name, N, K): the decode GEMV shapes of Mixtral, OLMoE and Qwen3-30B-A3B, as in the H200 anchors.
-SHAPES = [("mixtral.expert.w1", 14336, 4096), ("mixtral.expert.w2", 4096, 14336), ("big", 28672, 8192),
-          ("mixtral.q/o", 4096, 4096), ("mixtral.kv", 1024, 4096), ("olmoe.attn", 2048, 2048),
-          ("olmoe.expert.down", 2048, 1024), ("qwen3.q", 4096, 2048), ("qwen3.o", 2048, 4096),
-          ("qwen3.kv", 512, 2048), ("qwen3.expert.gate_up", 1536, 2048), ("qwen3.expert.down", 2048, 768)]
-MOE = {"mixtral": (8, 2, 4096, 14336), "olmoe": (64, 8, 2048, 1024), "qwen3": (128, 8, 2048, 768)}
-L2_BYTES = 60 * 2**20
+REPLAYS = 30
+COMMAND = "python -m int4lab.tune.sweep"
 
 
-def int4_bytes(N, K):
-    return N * K // 2 + N * K // 32 * 2
+def sweep_shapes() -> list[tuple[str, int, int]]:
+    """(name, N, K) of every distinct decode GEMV, the targets' shapes first."""
+    seen, out = set(), []
+    for s in by_priority(all_shapes()):
+        if (s.N, s.K) not in seen:
+            seen.add((s.N, s.K))
+            out.append((f"{s.model}.{s.layer}", s.N, s.K))
+    return out
 
 
-def time_graph(calls, copies, reps=30) -> float:
-    """Median microseconds per call of calls(i), i = 0..copies-1, captured in one CUDA graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(min(copies, 2)):
-            calls(i)                                   # compile + warm up outside the capture
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(copies):
-            calls(i)
-    g.replay()
-    torch.cuda.synchronize()
-    t = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        t.append(a.elapsed_time(b) * 1e3 / copies)
-    return sorted(t)[len(t) // 2]
+def int4_bytes(N, K) -> int:
+    """Weight + scale bytes of one int4-b32 [N, K] matrix (what a GEMV must stream)."""
+    return gemv_bytes("int4_b32", N, K) - 2 * (N + K)
 
 
-def n_copies(bytes_per_call, cap=256):
-    return max(2, min(cap, -(-4 * L2_BYTES // bytes_per_call) + 1))
+def time_copies(call_on, copies: int, replays: int = REPLAYS) -> float:
+    """Median us per call of call_on(i), i = 0..copies-1, all in one CUDA graph (the bench's timer)."""
+    return summarise(time_calls([lambda i=i: call_on(i) for i in range(copies)], replays=replays))["us"]
 
 
 def dense_weights(N, K, copies, dev):
@@ -114,24 +103,24 @@ def variants(N, K, dev, full, kinds=("mma",)):
     return out
 
 
-def sweep_dense(name, N, K, dev, full, rows, deadline, kinds=("mma",)):
+def sweep_dense(name, N, K, dev, full, rows, deadline, kinds=("mma",), l2=60 * 2**20, replays=REPLAYS):
     nbytes = int4_bytes(N, K)
-    copies = n_copies(nbytes)
+    copies = copies_for(nbytes, l2)
     packed, scales = dense_weights(N, K, copies, dev)
     x = torch.randn(1, K, device=dev).bfloat16()
     row = {"shape": name, "N": N, "K": K, "bytes_int4_b32": nbytes, "copies": copies}
     if "mma" in kinds:                                 # baselines; a dp4a-only sweep leaves them to the bench
-        wb = torch.randn(n_copies(N * K * 2, cap=64), N, K, device=dev).bfloat16()
-        row["bf16_us"] = time_graph(lambda i: torch.matmul(x, wb[i].t()), wb.shape[0])
+        wb = torch.randn(copies_for(N * K * 2, l2, cap=64), N, K, device=dev).bfloat16()
+        row["bf16_us"] = time_copies(lambda i: torch.matmul(x, wb[i].t()), wb.shape[0], replays)
         del wb
-        row["w4a16_us"] = time_graph(lambda i: int4_linear(x, packed[i], scales[i], act="bf16"), copies)
+        row["w4a16_us"] = time_copies(lambda i: int4_linear(x, packed[i], scales[i], act="bf16"), copies, replays)
     res = {}
     for label, p in variants(N, K, dev, full, kinds):
         if time.time() > deadline:
             row["truncated"] = True
             break
         try:
-            us = time_graph(lambda i: int4_linear(x, packed[i], scales[i], plan=p), copies)
+            us = time_copies(lambda i: int4_linear(x, packed[i], scales[i], plan=p), copies, replays)
         except Exception as e:                         # a plan that fails to compile is a result too
             res[label] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
             continue
@@ -148,8 +137,9 @@ def sweep_dense(name, N, K, dev, full, rows, deadline, kinds=("mma",)):
           f"({row.get('best')})", flush=True)
 
 
-def sweep_moe(model, dev, rows, plans=(("table", None),)):
-    E, A, H, I = MOE[model]
+def sweep_moe(model, dev, rows, plans=(("table", None),), replays=REPLAYS):
+    m = MODELS[model]
+    E, A, H, I = m.n_experts, m.top_k, m.hidden, m.intermediate
     gu = dense_weights(2 * I, H, E, dev)
     dn = dense_weights(H, I, E, dev)
     x = torch.randn(1, H, device=dev).bfloat16()
@@ -159,7 +149,7 @@ def sweep_moe(model, dev, rows, plans=(("table", None),)):
     nbytes = A * (int4_bytes(2 * I, H) + int4_bytes(H, I))
     row = {"model": model, "E": E, "topk": A, "H": H, "I": I, "bytes_int4_b32": nbytes, "copies": sets}
     for label, p in plans:
-        row[f"us_{label}"] = time_graph(lambda i: moe_decode_step(x, ids[i], tw, *gu, *dn, plan=p), sets)
+        row[f"us_{label}"] = time_copies(lambda i: moe_decode_step(x, ids[i], tw, *gu, *dn, plan=p), sets, replays)
     rows.append(row)
     print(f"moe {model:8s} " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items() if k.startswith("us_")), flush=True)
 
@@ -167,7 +157,6 @@ def sweep_moe(model, dev, rows, plans=(("table", None),)):
 def pick_plan(payload: dict, prefix: str = "dp4a_") -> dict | None:
     """The variant (by label prefix) with the smallest geometric mean of time over the shapes where every
     such variant was timed; returns its GemvPlan fields (without split_k: the plan's waves rule picks it)."""
-    import math
     dense = [r for r in payload["dense"] if any(k.startswith(prefix) for k in r.get("int4_b32", {}))]
     labels = set.intersection(*[{k for k, v in r["int4_b32"].items() if k.startswith(prefix) and "us" in v}
                                 for r in dense]) if dense else set()
@@ -187,30 +176,34 @@ def main(argv=None) -> int:
     ap.add_argument("--full", type=int, default=4, help="how many leading shapes get the full variant grid")
     ap.add_argument("--kinds", default="mma", help="comma list: mma (gemv.py variants), dp4a (gemv_dp4a.py)")
     ap.add_argument("--no-moe", action="store_true", help="dense shapes only")
+    ap.add_argument("--replays", type=int, default=REPLAYS, help="timed graph replays per variant (median)")
     ap.add_argument("--pick", action="store_true", help="read --out and print the best dp4a plan as JSON")
     args = ap.parse_args(argv)
     if args.pick:
         print(json.dumps(pick_plan(json.loads(args.out.read_text()))))
         return 0
     dev = torch.device("cuda")
+    l2 = l2_bytes()
     torch.manual_seed(0)
     deadline = time.time() + args.budget_s
     dense, moe = [], []
-    payload = {"method": "CUDA-graph replay, weights rotated until copies*bytes > 4x L2, median of 30 replays",
-               "sms": num_sms(dev), "dense": dense, "moe": moe}
-    for i, (name, N, K) in enumerate(SHAPES):
+    payload = {"method": "int4lab.bench.timing: CUDA-graph replay, weights rotated until copies*bytes > 4x L2, "
+                         f"median of {args.replays} replays", "l2_bytes": l2, "sms": num_sms(dev), "dense": dense,
+               "moe": moe}
+    for i, (name, N, K) in enumerate(sweep_shapes()):
         if time.time() > deadline:
             break
-        sweep_dense(name, N, K, dev, i < args.full, dense, deadline, tuple(args.kinds.split(",")))
-        write_receipt(args.out, payload, command="python -m int4lab.kernels.sweep")
-    for model in () if args.no_moe else MOE:
+        sweep_dense(name, N, K, dev, i < args.full, dense, deadline, tuple(args.kinds.split(",")), l2=l2,
+                    replays=args.replays)
+        write_receipt(args.out, payload, command=COMMAND)
+    for model in () if args.no_moe else MODELS:
         if time.time() > deadline + 60:
             break
-        t = table_plan(dev)
+        t = table_row(dev)
         sweep_moe(model, dev, moe, plans=[("table", None), ("defer", dataclasses.replace(t, defer_reduce=True)),
                                           ("defer_sepquant", dataclasses.replace(t, defer_reduce=True,
                                                                                  fuse_quant=False))])
-        write_receipt(args.out, payload, command="python -m int4lab.kernels.sweep")
+        write_receipt(args.out, payload, command=COMMAND)
     print(json.dumps({"written": str(args.out)}))
     return 0
 

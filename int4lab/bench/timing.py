@@ -1,0 +1,75 @@
+"""The one timer of the bench, the read floor and the launch-plan sweep: CUDA-graph replay over weight copies
+rotated past L2.
+
+Method (what one `us` means):
+  * the caller builds `copies` calls, each on its own copy of the weights, with copies x bytes > 4 x L2
+    (`copies_for`; L2 is 60 MB on the H200): every call reads its weights from HBM, as in a real decode step
+    where each layer's weights were last touched a whole forward pass ago;
+  * one CUDA graph makes every call once, in sequence; a replay is timed with CUDA events and divided by the
+    number of calls; `us` is the median over `replays` replays after `warmup` replays, `p10_us`/`p90_us` the
+    spread (`summarise`).
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+
+def l2_bytes() -> int:
+    """The device's L2 size in bytes (60 MB on the H200 if the property is missing)."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return int(getattr(props, "L2_cache_size", 0) or 60 * 2**20)
+
+
+def copies_for(bytes_per_call: int, l2: int, factor: int = 4, cap: int = 1024) -> int:
+    """How many weight copies make one rotation touch more than `factor` x L2 (at least 1, at most `cap`)."""
+    if bytes_per_call <= 0:
+        raise ValueError(f"bytes_per_call must be positive, got {bytes_per_call}")
+    return max(1, min(cap, factor * l2 // bytes_per_call + 1))
+
+
+def time_calls(calls, replays: int = 20, warmup: int = 3) -> list[float]:
+    """Capture one CUDA graph making every call in `calls` once, in order; return per-call us of each replay."""
+    if not calls:
+        raise ValueError("calls must hold at least one callable")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):          # eager warm-up (and compilation) on a side stream, as capture requires
+        for c in calls[:2]:
+            c()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in calls:
+            c()
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) * 1e3 / len(calls))
+    del graph
+    return out
+
+
+def summarise(samples: list[float]) -> dict:
+    """Median and 10th / 90th percentiles of per-call microseconds."""
+    q = statistics.quantiles(samples, n=10)
+    return {"us": statistics.median(samples), "p10_us": q[0], "p90_us": q[-1], "replays": len(samples)}
+
+
+def copy_bandwidth(nbytes: int = 2 * 2**30, replays: int = 20) -> dict:
+    """Device-to-device copy of `nbytes`: GBps counts bytes read + written. A device fact recorded beside the
+    rows, not a floor (a copy writes what it reads; a GEMV almost only reads)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    s = summarise(time_calls([lambda: dst.copy_(src)], replays=replays))
+    del src, dst
+    return {"bytes": 2 * nbytes, **s, "GBps": 2 * nbytes / (s["us"] * 1e3)}

@@ -1,0 +1,6 @@
+"""Tools for tuning the decode kernels on a GPU, kept apart from the kernels themselves:
+
+    sweep       time launch-plan variants with the bench's timer (`python -m int4lab.tune.sweep`)
+    resources   registers, spills and SASS instruction counts per variant, compiled without a GPU
+                (`TRITON_INTERPRET=0 python -m int4lab.tune.resources`)
+"""
