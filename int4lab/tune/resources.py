@@ -1,5 +1,5 @@
-"""Compile the tensor-core (MMA) GEMV variants for a GPU target without a GPU and report what the compiler
-did with each.
+"""Compile the GEMV kernels (dp4a plan rows and the MMA teaching variant) for a GPU target without a GPU
+and report what the compiler did with each.
 
     TRITON_INTERPRET=0 python -m int4lab.tune.resources [--arch 90] [--out notes/gemv_resources_sm90.json]
 
@@ -21,20 +21,18 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-SASS_OPS = ("HGMMA", "IGMMA", "IMMA", "HMMA", "LDL", "STL", "BAR", "SHFL", "LDS", "STS", "LDG", "IMAD", "LOP3",
+SASS_OPS = ("HGMMA", "IGMMA", "IMMA", "HMMA", "LDL", "STL", "BAR", "SHFL", "LDS", "STS", "LDG", "IMAD", "IDP", "LOP3",
             "PRMT", "FFMA", "MUFU", "CALL")
 
-# (label, block_n, block_k, num_warps, num_stages, defer_reduce, x_mode)
-VARIANTS = [("v1 bn64 w4 s4, fused quant", 64, 512, 4, 4, False, 1),
-            ("v1 bn128 w8 s3, fused quant", 128, 512, 8, 3, False, 1),
-            ("v1 bn128 w8 s3, codes in", 128, 512, 8, 3, False, 0),
-            ("v1 bn64 w4 s3 bk1024, fused quant", 64, 1024, 4, 3, False, 1),
-            ("v2 bn64 w4 s4 defer, codes in", 64, 512, 4, 4, True, 0),
-            ("v2 bn128 w8 s3 defer, codes in", 128, 512, 8, 3, True, 0),
-            ("v2 bn128 w8 s3 defer, fused quant", 128, 512, 8, 3, True, 1),
-            ("v2 bn128 w8 s4 bk256 defer, codes in", 128, 256, 8, 4, True, 0),
-            ("v2 bn64 w4 s4 bk256 defer, codes in", 64, 256, 4, 4, True, 0),
-            ("v1 bn128 w8 s4 bk256, fused quant", 128, 256, 8, 4, False, 1)]
+# (label, kind, block_n, block_k, num_warps, num_stages, defer_reduce / prefetch, x_mode, split_k)
+VARIANTS = [("dp4a sm90 big row bn16 bk2048 w4, fused quant", "dp4a", 16, 2048, 4, 2, False, 1, 1),
+            ("dp4a sm90 small row bn8 bk2048 w4, fused quant", "dp4a", 8, 2048, 4, 2, False, 1, 1),
+            ("dp4a sm90 routed row bn32 bk1024 w4, SwiGLU + combine", "dp4a", 32, 1024, 4, 2, False, 2, 1),
+            ("dp4a bn16 bk2048 w4, codes in, split 4", "dp4a", 16, 2048, 4, 2, False, 0, 4),
+            ("dp4a bn16 bk1024 w4 prefetch, fused quant", "dp4a", 16, 1024, 4, 2, True, 1, 1),
+            ("mma v1 bn128 w8 s3, fused quant", "mma", 128, 512, 8, 3, False, 1, 1),
+            ("mma v2 bn128 w8 s3 defer, codes in", "mma", 128, 512, 8, 3, True, 0, 1),
+            ("mma v2 bn64 w4 s4 bk256 defer, codes in, split 4", "mma", 64, 256, 4, 4, True, 0, 4)]
 
 
 def _tool(name):
@@ -42,20 +40,28 @@ def _tool(name):
     return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
 
 
-def compile_variant(bn, bk, nw, ns, defer, x_mode, arch=90):
+def compile_variant(kind, bn, bk, nw, ns, flag, x_mode, split_k, arch=90):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from ..kernels.gemv import gemv_int4_b32_kernel
-    x_ty = "*i8" if x_mode == 0 else "*bf16"
-    sig = {"x_ptr": x_ty, "xs_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*fp16", "eid_ptr": "*i32",
-           "out_ptr": "*bf16", "part_ptr": "*fp32", "R": "i32", "N": "i32", "K": "i32", "E": "i32",
-           "stride_x": "i32", "stride_xs": "i32"}
-    cst = {"X_MODE": x_mode, "ROWS_PER_X": 1, "TILES_PER_SPLIT": 8, "BLOCK_N": bn, "BLOCK_K": bk,
-           "HAS_EIDS": False, "WRITE_PARTIAL": False, "DEFER_REDUCE": defer, "NB_PAD": max(16, bk // 32)}
+    from ..kernels.gemv_dp4a import gemv_dp4a_kernel
+    from ..kernels.gemv_mma import gemv_int4_b32_kernel
+    dp4a = kind == "dp4a"
+    x_ty = ("*i32" if dp4a else "*i8") if x_mode == 0 else "*bf16"
+    sig = {"x_ptr": x_ty, "xs_ptr": "*fp32", "w_ptr": "*i32" if dp4a else "*u8", "ws_ptr": "*fp16",
+           "eid_ptr": "*i32", "out_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32", "tw_ptr": "*fp32",
+           "R": "i32", "N": "i32", "K": "i32", "E": "i32", "stride_x": "i32", "stride_xs": "i32"}
+    cst = {"X_MODE": x_mode, "ROWS_PER_X": 1, "TILES_PER_SPLIT": 2, "SPLIT_K": split_k,
+           "TOPK": 8 if x_mode == 2 else 1, "BLOCK_N": bn, "BLOCK_K": bk, "HAS_EIDS": x_mode == 2,
+           "HAS_W": x_mode == 2, "USE_ASM": True}
+    if dp4a:
+        cst["PREFETCH"] = flag
+    else:
+        cst.update(DEFER_REDUCE=flag, NB_PAD=max(16, bk // 32))
     sig.update({k: "constexpr" for k in cst})
-    return triton.compile(ASTSource(fn=gemv_int4_b32_kernel, signature=sig, constexprs=cst),
+    fn = gemv_dp4a_kernel if dp4a else gemv_int4_b32_kernel
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cst),
                           target=GPUTarget("cuda", arch, 32), options={"num_warps": nw, "num_stages": ns})
 
 
@@ -93,7 +99,7 @@ def main(argv=None) -> int:
         c = r["sass_counts"]
         print(f"{label:44s} regs {r['registers']!s:>4} spill st/ld {r['spill_store_bytes']!s:>5}/"
               f"{r['spill_load_bytes']!s:<5} smem {r['shared_bytes']:6d}  " +
-              " ".join(f"{k} {c[k]}" for k in ("IGMMA", "LDL", "STL", "BAR", "SHFL", "IMAD", "FFMA", "CALL")),
+              " ".join(f"{k} {c[k]}" for k in ("IGMMA", "IMMA", "LDL", "STL", "BAR", "SHFL", "IMAD", "PRMT", "CALL")),
               flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ from ..bench.timing import copies_for, l2_bytes, summarise, time_calls
 from ..bench.traffic import gemv_bytes
 from ..kernels.gemv import int4_linear
 from ..kernels.moe import moe_decode_step
-from ..kernels.plan import GemvPlan, choose_split_k, gemv_plan, num_sms, table_row
+from ..kernels.plan import MMA_PLAN, GemvPlan, gemv_plan, num_sms
 from ..receipts import write_receipt
 from ..shapes import MODELS, all_shapes, by_priority
 
@@ -62,54 +62,37 @@ def dense_weights(N, K, copies, dev):
     return packed, scales
 
 
-# (block_n, block_k, num_warps, num_stages, waves): the first H200 sweep's two best tiles, each with the
-# split-K rule at 4, 2 and 1 programs per SM (fewer splits = fewer reduce launches, fewer bytes in flight).
-DP4A_CFGS = [(32, 1024, 4, 2, 4.0), (32, 1024, 4, 2, 2.0), (32, 1024, 4, 2, 1.0), (16, 512, 4, 3, 4.0),
-             (16, 512, 4, 3, 2.0), (16, 1024, 4, 3, 2.0), (32, 512, 4, 3, 4.0), (64, 256, 4, 4, 4.0)]
+# dp4a grid (block_n, block_k, num_warps, waves), num_stages 2: the v5 sweep of notes/perf.md. With one launch
+# per GEMV, waves 0.25 means "split K only when the grid would be tiny" (a split costs ~2 us of tail latency).
+DP4A_GRID = [(bn, bk, nw, waves) for bn in (8, 16, 32) for bk in (1024, 2048, 4096) for nw in (4, 8)
+             for waves in (0.25, 2.0)]
+# A few tensor-core (teaching variant) rows, for the record: (block_n, block_k, num_warps, num_stages, defer).
+MMA_CFGS = [(64, 512, 4, 4, True), (128, 512, 8, 3, False), (128, 512, 8, 3, True), (64, 256, 4, 4, True)]
 
 
-def dp4a_variants(N, K, dev, full):
-    """dp4a GemvPlan rows (gemv_dp4a.py); split-K from each row's waves rule."""
-    out = []
-    for bn, bk, nw, ns, waves in DP4A_CFGS if full else DP4A_CFGS[:6]:
-        p = GemvPlan(block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, waves=waves, fuse_quant=False,
-                     kind="dp4a")
-        out.append((f"dp4a_bn{bn}_bk{bk}_w{nw}_s{ns}_waves{waves:g}",
-                    gemv_plan(N, K, 1, dev, **dataclasses.asdict(p))))
-    return out
-
-
-def variants(N, K, dev, full, kinds=("mma",)):
-    """GemvPlan rows to try: the current table's choice first, then neighbours (v1 = both flags off)."""
-    if "mma" not in kinds:
-        return [("table", gemv_plan(N, K, 1, dev))] + dp4a_variants(N, K, dev, full)
-    sms = num_sms(dev)
-    # (block_n, block_k, num_warps, num_stages, defer_reduce, fuse_quant)
-    cfgs = [(64, 512, 4, 4, True, True), (64, 512, 4, 4, True, False), (64, 512, 8, 3, True, True),
-            (128, 512, 8, 3, False, True), (128, 512, 8, 3, True, True), (128, 512, 8, 3, True, False),
-            (32, 512, 4, 4, True, True), (256, 512, 8, 3, True, True), (64, 256, 4, 4, True, False),
-            (64, 256, 4, 4, True, True), (128, 256, 8, 4, True, False)]
-    if not full:
-        cfgs = cfgs[:2] + cfgs[3:5] + cfgs[8:10]
+def variants(N, K, dev, full, kinds=("dp4a",)):
+    """(label, GemvPlan) rows to try: the table's choice first, then the dp4a grid (all of it when `full`,
+    else its waves-0.25 half), then the MMA rows when "mma" is in kinds."""
     out = [("table", gemv_plan(N, K, 1, dev))]
-    for bn, bk, nw, ns, dr, fq in cfgs:
-        k_tiles = -(-K // bk)
-        auto = choose_split_k(-(-N // bn), k_tiles, sms, 4.0)
-        for sk in sorted({1, auto} if full else {auto}):
-            if sk <= k_tiles:
-                out.append((f"bn{bn}_bk{bk}_w{nw}_s{ns}_sk{sk}{'_defer' if dr else ''}{'' if fq else '_sepquant'}",
-                            GemvPlan(block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, waves=4.0, split_k=sk,
-                                     defer_reduce=dr, fuse_quant=fq)))
+    if "dp4a" in kinds:
+        for bn, bk, nw, waves in DP4A_GRID if full else [g for g in DP4A_GRID if g[3] == 0.25]:
+            p = GemvPlan(block_n=bn, block_k=bk, num_warps=nw, num_stages=2, waves=waves)
+            out.append((f"dp4a_bn{bn}_bk{bk}_w{nw}_waves{waves:g}", gemv_plan(N, K, 1, dev, **dataclasses.asdict(p))))
+    if "mma" in kinds:
+        for bn, bk, nw, ns, dr in MMA_CFGS:
+            p = GemvPlan(block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, waves=4.0, kind="mma", defer_reduce=dr)
+            out.append((f"mma_bn{bn}_bk{bk}_w{nw}_s{ns}{'_defer' if dr else ''}",
+                        gemv_plan(N, K, 1, dev, **dataclasses.asdict(p))))
     return out
 
 
-def sweep_dense(name, N, K, dev, full, rows, deadline, kinds=("mma",), l2=60 * 2**20, replays=REPLAYS):
+def sweep_dense(name, N, K, dev, full, rows, deadline, kinds=("dp4a",), l2=60 * 2**20, replays=REPLAYS):
     nbytes = int4_bytes(N, K)
     copies = copies_for(nbytes, l2)
     packed, scales = dense_weights(N, K, copies, dev)
     x = torch.randn(1, K, device=dev).bfloat16()
     row = {"shape": name, "N": N, "K": K, "bytes_int4_b32": nbytes, "copies": copies}
-    if "mma" in kinds:                                 # baselines; a dp4a-only sweep leaves them to the bench
+    if "baselines" in kinds:                           # bf16 and W4A16; usually left to the bench
         wb = torch.randn(copies_for(N * K * 2, l2, cap=64), N, K, device=dev).bfloat16()
         row["bf16_us"] = time_copies(lambda i: torch.matmul(x, wb[i].t()), wb.shape[0], replays)
         del wb
@@ -174,7 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="JSON receipt to write")
     ap.add_argument("--budget-s", type=float, default=200.0, help="stop starting new variants after this")
     ap.add_argument("--full", type=int, default=4, help="how many leading shapes get the full variant grid")
-    ap.add_argument("--kinds", default="mma", help="comma list: mma (gemv.py variants), dp4a (gemv_dp4a.py)")
+    ap.add_argument("--kinds", default="dp4a", help="comma list: dp4a (gemv_dp4a.py), mma (gemv_mma.py)")
     ap.add_argument("--no-moe", action="store_true", help="dense shapes only")
     ap.add_argument("--replays", type=int, default=REPLAYS, help="timed graph replays per variant (median)")
     ap.add_argument("--pick", action="store_true", help="read --out and print the best dp4a plan as JSON")
@@ -199,10 +182,7 @@ def main(argv=None) -> int:
     for model in () if args.no_moe else MODELS:
         if time.time() > deadline + 60:
             break
-        t = table_row(dev)
-        sweep_moe(model, dev, moe, plans=[("table", None), ("defer", dataclasses.replace(t, defer_reduce=True)),
-                                          ("defer_sepquant", dataclasses.replace(t, defer_reduce=True,
-                                                                                 fuse_quant=False))])
+        sweep_moe(model, dev, moe, plans=[("table", None), ("mma", MMA_PLAN)])
         write_receipt(args.out, payload, command=COMMAND)
     print(json.dumps({"written": str(args.out)}))
     return 0
