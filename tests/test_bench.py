@@ -4,6 +4,7 @@ synthetic receipts, and the CLI's refusal to time on a CPU."""
 import numpy as np
 import pytest
 import torch
+from conftest import DEVICE
 
 import int4lab as il
 from int4lab import bench, report, shapes
@@ -179,10 +180,10 @@ def test_validate_rejects_bad_receipts():
 def test_floor_kernel_reads_every_byte(nbytes, block, iters):
     """The kernel's words xor to the host's xor of the buffer (zero-padded to whole words): it read every byte,
     once, and nothing past the end (the bytes after the buffer are poison)."""
-    backing = torch.randint(0, 256, (nbytes + 64,), dtype=torch.uint8)
+    backing = torch.randint(0, 256, (nbytes + 64,), dtype=torch.uint8).to(DEVICE)
     buf = backing[:nbytes]
     padded = np.zeros(-(-nbytes // 4) * 4, dtype=np.uint8)
-    padded[:nbytes] = buf.numpy()
+    padded[:nbytes] = buf.cpu().numpy()
     want = int(np.bitwise_xor.reduce(padded.view("<i4"))) if padded.size else 0
     out = floor.read_xor_call(buf, block, iters, 4)()
     assert out.numel() == max(1, -(-(nbytes // 4) // (block * iters)))       # one word per program
@@ -233,7 +234,7 @@ def test_read_floor_keeps_the_best_configuration(monkeypatch):
     real = floor.read_xor_call
     monkeypatch.setattr(timing, "time_calls", fake)
     monkeypatch.setattr(floor, "read_xor_call", labelled)
-    got = floor.read_floor(1000, l2=1024, replays=20, configs=configs, device="cpu")
+    got = floor.read_floor(1000, l2=1024, replays=20, configs=configs, device=DEVICE)
     assert got["cfg"] == "B32_I1_w4" and got["us"] == 3.0 and got["bytes"] == 1000
     assert got["configs"] == {"B16_I1_w4": 5.0, "B32_I1_w4": 3.0, "B64_I1_w2": 4.0}
     assert got["copies"] == timing.copies_for(1000, 1024) and got["copies"] * 1000 > 4 * 1024
@@ -254,10 +255,10 @@ def test_peer_registries_cover_the_schema():
 
 
 def test_gemv_preps_pass_their_own_check_and_a_wrong_kernel_fails():
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
     N, K = 64, 128
     W = peers.weights(N, K, gen)
-    x = torch.randn(1, K, generator=gen).to(torch.bfloat16)
+    x = torch.randn(1, K, generator=gen, device=DEVICE).to(torch.bfloat16)
     for impl in ("bf16", "int4_b32"):
         calls, ref, wbytes, tol = peers.prep_gemv(impl, W, x, copies=2)
         assert len(calls) == 2
@@ -304,7 +305,7 @@ def test_bf16_moe_peers_match_the_reference(impl, rows):
 
 @pytest.mark.parametrize("impl, rows", [("int4_b32_moe", 1), ("int4_b32_moe", 3), ("int4_b32_grouped", 4)])
 def test_int4_moe_paths_pass_the_gate(impl, rows):
-    inp = peers.moe_inputs(TINY, rows, torch.Generator().manual_seed(3))
+    inp = peers.moe_inputs(TINY, rows, torch.Generator(device=DEVICE).manual_seed(3))
     calls, ref, wbytes, tol = peers.prep_moe(impl, TINY, inp, copies=2)
     assert wbytes + 4 * rows * 64 == bench.moe_bytes(impl, TINY, rows, peers.n_active(inp.ids))
     for c in calls:
@@ -547,7 +548,7 @@ def _fake_floor(nbytes):
 
 
 def test_bench_gemv_rows_and_skips(fake_timer):
-    gen = torch.Generator().manual_seed(4)
+    gen = torch.Generator(device=DEVICE).manual_seed(4)
     shape = shapes.Shape("tiny", "proj", 64, 128)
     l2 = 64 * 1024
     rows, skipped = bench.bench_gemv(shape, bench.GEMV_IMPLS, replays=20, l2=l2, gen=gen, floor_of=_fake_floor)
