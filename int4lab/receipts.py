@@ -30,6 +30,19 @@ def git_commit() -> str:
         return "unknown"
 
 
+KERNEL_SOURCES = "int4lab/kernels"
+
+
+def kernel_sources_hash(root=ROOT) -> str:
+    """sha256 over the kernel package's .py files (sorted by name, each as 'name\0bytes\0'): the code a GPU
+    receipt measured. A receipt whose hash differs from the tree's is stale (notebooks and tests say so)."""
+    import hashlib
+    h = hashlib.sha256()
+    for f in sorted((Path(root) / KERNEL_SOURCES).glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def device_name() -> str:
     import torch
     if torch.cuda.is_available():
@@ -52,6 +65,7 @@ def provenance(command: str | None = None) -> dict:
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "commit": git_commit(),
+        "kernel_sources_sha256": kernel_sources_hash(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command if command is not None else " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
     }

@@ -3,6 +3,7 @@
 # every kernel timed beside its peers and the read floor (the bench stops starting rows after its budget).
 # Usage (on the GPU machine, repo root, $OUT set by the device tool; the checkout travels without .git):
 #   INT4LAB_GIT_COMMIT=<sha> bash scripts/h200_session.sh [--with-sweep] [--with-pack]
+# Give the sha literally (computed on this side: the GPU copy may carry a stale .git whose HEAD is wrong).
 #   STAGES=checks bash scripts/h200_session.sh   then   STAGES=bench bash ...   (two calls of < 10 minutes)
 # Writes under $OUT: cuda_tests_h200.txt, replay_check.json, sanitizer_h200.txt, decode_h200.json (with the
 # replay and sanitizer results attached), and kernel_sweep_dp4a.json / gptq_pack_h200.json when asked.
