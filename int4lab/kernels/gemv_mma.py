@@ -125,7 +125,7 @@ def gemv_int4_b32_kernel(
         else:
             fe = tl.load(x_row + 2 * p, mask=p_mask, other=0.0).to(tl.float32)
             fo = tl.load(x_row + 2 * p + 1, mask=p_mask, other=0.0).to(tl.float32)
-            if X_MODE == 2:                                    # SwiGLU as swiglu_quant_kernel computes it
+            if X_MODE == 2:                                    # SwiGLU as swiglu_quant_rows computes it
                 ue = tl.load(x_row + K + 2 * p, mask=p_mask, other=0.0).to(tl.float32)
                 uo = tl.load(x_row + K + 2 * p + 1, mask=p_mask, other=0.0).to(tl.float32)
                 fe = silu_mul(fe, ue)

@@ -59,40 +59,21 @@ def quant_rows_kernel(
     # Dimensions
     K, stride_xr,
     # Meta-parameters
-    BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr,
+    BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, USE_ASM: tl.constexpr,
 ):
-    """x [R, K] (any float) -> q int8 [R, K], s float32 [R, K/32]; one program owns BLOCK_K columns of a row."""
+    """x [R, K] (any float) -> q int8 [R, K], s float32 [R, K/32]; with SWIGLU, x is [R, 2K] (gate columns
+    first) and the codes are those of silu(gate) * up. One program owns BLOCK_K columns of a row."""
     r = tl.program_id(0)
     NB: tl.constexpr = BLOCK_K // 32
     kb = tl.program_id(1) * NB + tl.arange(0, NB)             # scale-block index  [NB]
     offs = kb[:, None] * 32 + tl.arange(0, 32)[None, :]        # column index       [NB, 32]
     mask = offs < K
     v = tl.load(x_ptr + r * stride_xr + offs, mask=mask, other=0.0).to(tl.float32)
+    if SWIGLU:
+        v = silu_mul(v, tl.load(x_ptr + r * stride_xr + K + offs, mask=mask, other=0.0).to(tl.float32))
     q, s = quant_blocks(v, USE_ASM)
     tl.store(q_ptr + r * K + offs, q.to(tl.int8), mask=mask)
     tl.store(s_ptr + r * (K // 32) + kb, s, mask=kb < K // 32)
-
-
-@triton.jit
-def swiglu_quant_kernel(
-    # Pointers
-    h_ptr, q_ptr, s_ptr,
-    # Dimensions
-    I, stride_hr,
-    # Meta-parameters
-    BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr,
-):
-    """h [R, 2I] (gate columns first) -> codes/scales of silu(gate) * up, [R, I] int8 and [R, I/32] fp32."""
-    r = tl.program_id(0)
-    NB: tl.constexpr = BLOCK_K // 32
-    kb = tl.program_id(1) * NB + tl.arange(0, NB)
-    offs = kb[:, None] * 32 + tl.arange(0, 32)[None, :]
-    mask = offs < I
-    g = tl.load(h_ptr + r * stride_hr + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(h_ptr + r * stride_hr + I + offs, mask=mask, other=0.0).to(tl.float32)
-    q, s = quant_blocks(silu_mul(g, u), USE_ASM)
-    tl.store(q_ptr + r * I + offs, q.to(tl.int8), mask=mask)
-    tl.store(s_ptr + r * (I // 32) + kb, s, mask=kb < I // 32)
 
 
 def quant_x_rows(x: torch.Tensor, q: torch.Tensor | None = None, s: torch.Tensor | None = None):
@@ -110,7 +91,7 @@ def quant_x_rows(x: torch.Tensor, q: torch.Tensor | None = None, s: torch.Tensor
     s = check_out("s", s, (R, K // 32), torch.float32, dev)
     bk = _plan.row_block(dev)
     if R:
-        quant_rows_kernel[(R, triton.cdiv(K, bk))](x, q, s, K, x.stride(0), BLOCK_K=bk,
+        quant_rows_kernel[(R, triton.cdiv(K, bk))](x, q, s, K, x.stride(0), BLOCK_K=bk, SWIGLU=False,
                                                          USE_ASM=not interpreting())
     return q, s
 
@@ -132,7 +113,7 @@ def swiglu_quant_rows(h: torch.Tensor, q: torch.Tensor | None = None, s: torch.T
     s = check_out("s", s, (R, I // 32), torch.float32, dev)
     bk = _plan.row_block(dev)
     if R:
-        swiglu_quant_kernel[(R, triton.cdiv(I, bk))](h, q, s, I, h.stride(0), BLOCK_K=bk,
+        quant_rows_kernel[(R, triton.cdiv(I, bk))](h, q, s, I, h.stride(0), BLOCK_K=bk, SWIGLU=True,
                                                           USE_ASM=not interpreting())
     return q, s
 
