@@ -88,7 +88,8 @@ def _launch_gemv(x, xs, packed, scales, eids, N, K, R, *, out=None, part=None, s
         gemv_dp4a_kernel[grid](
             x.view(torch.int32) if words else x, xs if xs is not None else x, packed.view(torch.int32), scales,
             ids, out, part, cnt, tw, R, N, K, packed.shape[0], x.stride(0) // 4 if words else x.stride(0),
-            xs.stride(0) if xs is not None else 0, PREFETCH=p.prefetch, **common)
+            xs.stride(0) if xs is not None else 0, N * K // 8, K // 8, N * K // 32, K // 32,
+            PREFETCH=p.prefetch, **common)
     else:
         gemv_int4_b32_kernel[grid](
             x, xs if xs is not None else x, packed, scales, ids, out, part, cnt, tw,

@@ -112,7 +112,7 @@ def gemv_dp4a_kernel(
     # Pointers
     x_ptr, xs_ptr, w_ptr, ws_ptr, eid_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr,
     # Dimensions
-    R, N, K, E, stride_x, stride_xs,
+    R, N, K, E, stride_x, stride_xs, stride_we, KW, stride_se, KB,
     # Meta-parameters
     X_MODE: tl.constexpr, ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
     TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_EIDS: tl.constexpr,
@@ -123,7 +123,11 @@ def gemv_dp4a_kernel(
     x: int8 codes [*, K] read as int32 words with float32 scales xs [*, K/32] (X_CODES), float [*, K]
     (X_FLOAT) or float [*, 2K] gate | up (X_SWIGLU); row r reads x row r // ROWS_PER_X. w int32 words
     [E, N, K/8] (the uint8 [E, N, K/2] pack viewed as little-endian words); ws float16 [E, N, K/32];
-    eids int [R]. Output and partials as epilogue.finish_rows says. PREFETCH issues tile i + 1's weight
+    eids int [R]. Output and partials as epilogue.finish_rows says. KW = K / 8 (weight words per row), KB =
+    K / 32 (scale blocks per row) and the expert strides arrive as arguments rather than being computed from
+    K here: Triton specialises an integer argument that is a multiple of 16, so it can prove rows 16-byte
+    aligned and masks constant over 4 words, and load the weights as 16-byte vectors (from K // 8 it proved
+    2 and emitted one 4-byte load per word: tune/resources.py counts them). PREFETCH issues tile i + 1's weight
     loads before tile i's arithmetic (a hand-made double buffer: more bytes in flight per program).
     """
     pid_n = tl.program_id(0)
@@ -137,8 +141,8 @@ def gemv_dp4a_kernel(
     n_mask = offs_n < N
     offs_w = tl.arange(0, BLOCK_W)
     offs_b = tl.arange(0, NB)
-    w_rows = w_ptr + e * N * (K // 8) + offs_n[:, None].to(tl.int64) * (K // 8)
-    s_rows = ws_ptr + e * N * (K // 32) + offs_n[:, None].to(tl.int64) * (K // 32)
+    w_rows = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * KW
+    s_rows = ws_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * KB
     xr = (r // ROWS_PER_X).to(tl.int64)
     x_row = x_ptr + xr * stride_x
     acc = tl.zeros([BLOCK_N, NB], dtype=tl.float32)   # reduced across blocks once, after the loop
@@ -146,18 +150,18 @@ def gemv_dp4a_kernel(
     t0 = split * TILES_PER_SPLIT
     if PREFETCH:
         wd = tl.load(w_rows + (t0 * BLOCK_W + offs_w)[None, :],
-                     mask=n_mask[:, None] & ((t0 * BLOCK_W + offs_w) < K // 8)[None, :], other=0)
+                     mask=n_mask[:, None] & ((t0 * BLOCK_W + offs_w) < KW)[None, :], other=0)
     for i in range(0, TILES_PER_SPLIT):
         t = t0 + i
         if PREFETCH:                      # tile t + 1's words are in flight while tile t is multiplied
             w_next = (t + 1) * BLOCK_W + offs_w
             wd_next = tl.load(w_rows + w_next[None, :], other=0,
-                              mask=n_mask[:, None] & ((w_next < K // 8) & (i + 1 < TILES_PER_SPLIT))[None, :])
+                              mask=n_mask[:, None] & ((w_next < KW) & (i + 1 < TILES_PER_SPLIT))[None, :])
         else:
             w_idx = t * BLOCK_W + offs_w
-            wd = tl.load(w_rows + w_idx[None, :], mask=n_mask[:, None] & (w_idx < K // 8)[None, :], other=0)
+            wd = tl.load(w_rows + w_idx[None, :], mask=n_mask[:, None] & (w_idx < KW)[None, :], other=0)
         kb = t * NB + offs_b
-        ws = tl.load(s_rows + kb[None, :], mask=n_mask[:, None] & (kb < K // 32)[None, :], other=0.0)
+        ws = tl.load(s_rows + kb[None, :], mask=n_mask[:, None] & (kb < KB)[None, :], other=0.0)
         if X_MODE == 0:
             xe, xo, negc, xs = _x_words_from_codes(x_row, xs_ptr + xr * stride_xs, t, K, BLOCK_K, USE_ASM)
         else:

@@ -52,6 +52,8 @@ def compile_variant(kind, bn, bk, nw, ns, flag, x_mode, split_k, arch=90):
     sig = {"x_ptr": x_ty, "xs_ptr": "*fp32", "w_ptr": "*i32" if dp4a else "*u8", "ws_ptr": "*fp16",
            "eid_ptr": "*i32", "out_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32", "tw_ptr": "*fp32",
            "R": "i32", "N": "i32", "K": "i32", "E": "i32", "stride_x": "i32", "stride_xs": "i32"}
+    if dp4a:     # strides of a K = 4096 row: multiples of 16, as Triton specialises them at run time
+        sig.update({"stride_we": "i32", "KW": "i32", "stride_se": "i32", "KB": "i32"})
     cst = {"X_MODE": x_mode, "ROWS_PER_X": 1, "TILES_PER_SPLIT": 2, "SPLIT_K": split_k,
            "TOPK": 8 if x_mode == 2 else 1, "BLOCK_N": bn, "BLOCK_K": bk, "HAS_EIDS": x_mode == 2,
            "HAS_W": x_mode == 2, "USE_ASM": True}
@@ -61,7 +63,12 @@ def compile_variant(kind, bn, bk, nw, ns, flag, x_mode, split_k, arch=90):
         cst.update(DEFER_REDUCE=flag, NB_PAD=max(16, bk // 32))
     sig.update({k: "constexpr" for k in cst})
     fn = gemv_dp4a_kernel if dp4a else gemv_int4_b32_kernel
-    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cst),
+    # What Triton infers at run time: pointers from torch are 16-byte aligned; integer arguments that are
+    # multiples of 16 are specialised as such (the strides of a K = 4096 row).
+    names = list(sig)
+    aligned = [k for k, t in sig.items() if t.startswith("*")] + (["stride_we", "KW", "stride_se", "KB"] if dp4a else [])
+    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in aligned}
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cst, attrs=attrs),
                           target=GPUTarget("cuda", arch, 32), options={"num_warps": nw, "num_stages": ns})
 
 
