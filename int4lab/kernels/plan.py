@@ -49,19 +49,21 @@ class GroupedPlan:
     num_stages: int
 
 
-# Per generation: rows (smallest N * K per expert, smallest R rows, plan); the first row that applies wins;
-# block_k is capped at the next power of two >= K. "interp" is the CPU interpreter, whose cost is per
-# program and per op, not per element: wide tiles, few programs.
+# Per generation: rows (smallest N * K per expert, smallest R rows, smallest K / N, plan); the first row
+# that applies wins; block_k is capped at the next power of two >= K. "interp" is the CPU interpreter, whose
+# cost is per program and per op, not per element: wide tiles, few programs.
 GEMV_TABLE = {
-    # H200 sweeps 2026-12-02 (notes/perf.md v5/v6, data/receipts/probe_gemv_v{5,6}_h200.json): with one
-    # launch per GEMV, split-K's last-arriving finish costs ~2 us of tail latency, so the rows split only
-    # when the grid would otherwise be tiny (waves 0.25). Big weights: 16-row programs of 2048-wide K tiles.
-    # Routed rows (R >= 2: MoE gate_up / down over top-k experts) multiply the programs, so taller tiles
-    # of 1024 win there; one small dense row wants the most programs (8 rows) with the widest tiles.
-    "sm90": ((32 * 2**20, 1, GemvPlan(block_n=16, block_k=2048, num_warps=4, num_stages=2, waves=0.25)),
-             (0, 2, GemvPlan(block_n=32, block_k=1024, num_warps=4, num_stages=2, waves=0.25)),
-             (0, 1, GemvPlan(block_n=8, block_k=2048, num_warps=4, num_stages=2, waves=0.25))),
-    "interp": ((0, 1, GemvPlan(block_n=64, block_k=512, num_warps=1, num_stages=1, waves=1.0)),),
+    # H200 sweeps 2026-12-02 (notes/perf.md v5-v7; data/receipts/probe_gemv_v{5,6}_h200.json and
+    # kernel_sweep_v7_h200.json, the last with 16-byte weight loads). Split-K's last-arriving finish costs
+    # ~2 us of tail latency, so most rows split only when the grid would otherwise be tiny (waves 0.25);
+    # long-K, short-N weights (4096x14336) gain from a split all the same. Routed rows (R >= 2: MoE gate_up /
+    # down over top-k experts) multiply the programs, so taller tiles of 1024 win there (v6); one small dense
+    # row wants short programs of the widest tiles and 8 warps (v7).
+    "sm90": ((32 * 2**20, 1, 2.0, GemvPlan(block_n=32, block_k=1024, num_warps=4, num_stages=2, waves=2.0)),
+             (32 * 2**20, 1, 0.0, GemvPlan(block_n=16, block_k=2048, num_warps=4, num_stages=2, waves=0.25)),
+             (0, 2, 0.0, GemvPlan(block_n=32, block_k=1024, num_warps=4, num_stages=2, waves=0.25)),
+             (0, 1, 0.0, GemvPlan(block_n=8, block_k=4096, num_warps=8, num_stages=2, waves=0.25))),
+    "interp": ((0, 1, 0.0, GemvPlan(block_n=64, block_k=512, num_warps=1, num_stages=1, waves=1.0)),),
 }
 # Ampere/Ada have the same dp4a instruction; these rows are the H200's, not measured on those chips.
 GEMV_TABLE["sm80"] = GEMV_TABLE["sm90"]
@@ -103,8 +105,8 @@ def choose_split_k(n_programs: int, k_tiles: int, sms: int, waves: float) -> int
 def table_row(N: int, K: int, R: int, device) -> GemvPlan:
     """GEMV_TABLE's row for R rows times an N x K weight on `device`, block_k capped at the next power of
     two >= K."""
-    for min_weights, min_rows, row in GEMV_TABLE[generation(device)]:
-        if N * K >= min_weights and R >= min_rows:
+    for min_weights, min_rows, min_k_per_n, row in GEMV_TABLE[generation(device)]:
+        if N * K >= min_weights and R >= min_rows and K >= min_k_per_n * N:
             return dataclasses.replace(row, block_k=max(128, min(row.block_k, 1 << (K - 1).bit_length())))
     raise AssertionError("every GEMV_TABLE ends with a row for N * K >= 0")
 
