@@ -520,21 +520,8 @@ def int4_b32_to_cutlass(packed: torch.Tensor, scales: torch.Tensor, N: int, K: i
     return interleave_codes(codes), scales.t().contiguous()
 
 
-def cutlass_b32_to_int4_b32(out: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse of `int4_b32_to_cutlass`: (int8 [N/2, K], float16 [K/32, N]) -> (uint8 [N, K/2], float16 [N, K/32])."""
-    from .format import BLOCK, pack_codes
-    check_tensor("out", out, (torch.int8,), (2,))
-    check_tensor("scale", scale, (torch.float16,), (2,))
-    N, K = out.shape[0] * 2, out.shape[1]
-    check_layout_dims(K, N)
-    if tuple(scale.shape) != (K // BLOCK, N):
-        raise ValueError(f"scale must have shape (K/32, N) = ({K // BLOCK}, {N}), got {tuple(scale.shape)}")
-    codes = deinterleave_codes(out, K, N).t().contiguous()          # [N, K]
-    return pack_codes(codes), scale.t().contiguous()
-
-
-def cutlass_b32_dequant(out: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Decode the group-32 layout: float32 [K, N] = code * float(scale[k // 32, n])."""
+def _check_b32_layout(out, scale) -> tuple[int, int]:
+    """Contract of the group-32 layout: int8 out [N/2, K] with float16 scale [K/32, N]; returns (K, N)."""
     from .format import BLOCK
     check_tensor("out", out, (torch.int8,), (2,))
     check_tensor("scale", scale, (torch.float16,), (2,))
@@ -542,6 +529,21 @@ def cutlass_b32_dequant(out: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     check_layout_dims(K, N)
     if tuple(scale.shape) != (K // BLOCK, N):
         raise ValueError(f"scale must have shape (K/32, N) = ({K // BLOCK}, {N}), got {tuple(scale.shape)}")
+    return K, N
+
+
+def cutlass_b32_to_int4_b32(out: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of `int4_b32_to_cutlass`: (int8 [N/2, K], float16 [K/32, N]) -> (uint8 [N, K/2], float16 [N, K/32])."""
+    from .format import pack_codes
+    K, N = _check_b32_layout(out, scale)
+    codes = deinterleave_codes(out, K, N).t().contiguous()          # [N, K]
+    return pack_codes(codes), scale.t().contiguous()
+
+
+def cutlass_b32_dequant(out: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Decode the group-32 layout: float32 [K, N] = code * float(scale[k // 32, n])."""
+    from .format import BLOCK
+    K, N = _check_b32_layout(out, scale)
     return deinterleave_codes(out, K, N).float() * scale.float().repeat_interleave(BLOCK, dim=0)
 
 
