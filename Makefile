@@ -1,11 +1,11 @@
-# The two commands (README.md):  make notebooks   and   make test
+# The two commands (README.md):  make notebooks   and   make test;  make lab opens the chapters in JupyterLab
 # Both create .venv and install everything on first use.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: notebooks test setup
+.PHONY: notebooks test setup lab
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -23,3 +23,7 @@ notebooks: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# the chapters, interactively, in the project's environment (PYTHONPATH: the checkout, as the notebooks run it)
+lab: $(STAMP)
+	PYTHONPATH=$(CURDIR) $(BIN)/jupyter lab notebooks/

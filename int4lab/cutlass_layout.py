@@ -463,3 +463,109 @@ def pr_tables() -> dict:
         "int8_mod8x2": mod8x2,                                                  # PR: 0 4 8 12 2 6 10 14 0 4 ...
         "int8_plus_half": plus_half,                                            # PR: = permute_kk
     }
+
+
+# ------------------------------------------------------------------- where the interleave comes from
+def mma_b_fragment_k(lane: int, i: int) -> tuple[int, int]:
+    """(k, n) of element b_i (i = 0..3) that lane `lane` holds of mma.m16n8k16's fp16 B operand [16 (k), 8 (n)].
+
+    The PTX ISA's fragment layout (section "Matrix Fragments for mma.m16n8k16 with floating point type"):
+    groupID = lane >> 2, threadID_in_group = lane % 4; row (k) = 2 * threadID_in_group + (i & 1), plus 8 for
+    i >= 2; col (n) = groupID. Each .f16x2 register holds (b0, b1) or (b2, b3): two consecutive k.
+    """
+    if not 0 <= lane < 32 or not 0 <= i < 4:
+        raise ValueError(f"lane must be in [0, 32) and i in [0, 4), got lane={lane}, i={i}")
+    t = lane % 4
+    return 2 * t + (i & 1) + 8 * (i >= 2), lane >> 2
+
+
+def ldsm_perm_from_fragment() -> tuple[int, ...]:
+    """The 32-row map of `permute_B_rows_for_mixed_gemm`, derived from the MMA fragment instead of copied.
+
+    One 32-bit word of int4 becomes 8 halves = 4 .f16x2 registers = the B fragments of two k16 MMAs (k 0..15
+    and 16..31 of a 32-k slice). Lane t of a column (threadID_in_group t) needs, in register order, the k of
+    `mma_b_fragment_k(t, 0..3)` for the first MMA, then the same + 16 for the second. ldmatrix hands each lane
+    one contiguous 32-bit word, so those 8 k must sit contiguously, lane 0's first: row j of the permuted
+    group is source row perm[j].
+    """
+    perm = []
+    for t in range(4):                                   # threadID_in_group: which word of the 32-k slice
+        for mma in range(2):                             # k 0..15, then k 16..31
+            perm += [16 * mma + mma_b_fragment_k(t, i)[0] for i in range(4)]
+    return tuple(perm)
+
+
+def bias_by_xor(b: torch.Tensor) -> torch.Tensor:
+    """uint8 bytes -> each nibble + 8 (mod 16): the same as b ^ 0x88 (adding 8 to a 4-bit value only flips its
+    top bit; the carry out of bit 3 is dropped by the mod 16). Offset binary <-> two's complement per nibble."""
+    check_tensor("b", b, (torch.uint8,))
+    return b ^ 0x88
+
+
+# --------------------------------------------------------------------------- int4-b32 -> this layout
+def int4_b32_to_cutlass(packed: torch.Tensor, scales: torch.Tensor, N: int, K: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int4-b32 (uint8 [N, K/2], float16 [N, K/32]) -> arch-80 layout (int8 [N/2, K], float16 [K/32, N]).
+
+    The same codes, moved: `unpack_codes` then `interleave_codes` of the [K, N] transpose; the same fp16 scale
+    bits, regrouped to Paddle's [groups, N] order (a group of 32 k, which Paddle's own API does not offer: it
+    accepts -1, 64, 128). Lossless: `cutlass_b32_dequant` of the result equals `dequant_int4_ref` transposed,
+    bit for bit, and GPTQ's -8 codes survive (the +8 bias maps -8..7 onto 0..15). K % 64 == 0, N % 8 == 0.
+    """
+    from .format import check_packed, unpack_codes
+    check_packed(packed, scales, N, K)
+    if packed.dim() != 2:
+        raise ValueError(f"packed must be one [N, K/2] matrix (call per expert), got shape {tuple(packed.shape)}")
+    check_layout_dims(K, N)
+    codes = unpack_codes(packed).t().contiguous()                   # [K, N]
+    return interleave_codes(codes), scales.t().contiguous()
+
+
+def _check_b32_layout(out, scale) -> tuple[int, int]:
+    """Contract of the group-32 layout: int8 out [N/2, K] with float16 scale [K/32, N]; returns (K, N)."""
+    from .format import BLOCK
+    check_tensor("out", out, (torch.int8,), (2,))
+    check_tensor("scale", scale, (torch.float16,), (2,))
+    N, K = out.shape[0] * 2, out.shape[1]
+    check_layout_dims(K, N)
+    if tuple(scale.shape) != (K // BLOCK, N):
+        raise ValueError(f"scale must have shape (K/32, N) = ({K // BLOCK}, {N}), got {tuple(scale.shape)}")
+    return K, N
+
+
+def cutlass_b32_to_int4_b32(out: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of `int4_b32_to_cutlass`: (int8 [N/2, K], float16 [K/32, N]) -> (uint8 [N, K/2], float16 [N, K/32])."""
+    from .format import pack_codes
+    K, N = _check_b32_layout(out, scale)
+    codes = deinterleave_codes(out, K, N).t().contiguous()          # [N, K]
+    return pack_codes(codes), scale.t().contiguous()
+
+
+def cutlass_b32_dequant(out: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Decode the group-32 layout: float32 [K, N] = code * float(scale[k // 32, n])."""
+    from .format import BLOCK
+    K, N = _check_b32_layout(out, scale)
+    return deinterleave_codes(out, K, N).float() * scale.float().repeat_interleave(BLOCK, dim=0)
+
+
+# ------------------------------------------------------------- what a byte tolerance lets through
+def allclose_passes(actual: np.ndarray, desired: np.ndarray, atol: float, rtol: float) -> np.ndarray:
+    """numpy.testing.assert_allclose's element rule: |actual - desired| <= atol + rtol * |desired| (bool array)."""
+    a = np.asarray(actual, dtype=np.float64)
+    d = np.asarray(desired, dtype=np.float64)
+    return np.abs(a - d) <= atol + rtol * np.abs(d)
+
+
+def single_nibble_errors(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every byte of b (int8 values) with one nibble replaced by each of the 15 other values.
+
+    Returns (corrupted int8 [b.size, 2, 15], code error int64 [b.size, 2, 15]): axis 1 is the low, then the high
+    nibble; the code error is new nibble - old nibble, i.e. the error in the decoded code (-15..15, never 0).
+    """
+    u = np.asarray(b).astype(np.int8).view(np.uint8).reshape(-1).astype(np.int64)
+    lo, hi = u & 0xF, u >> 4
+    shift = np.arange(1, 16)
+    new_lo = (lo[:, None] + shift) & 0xF
+    new_hi = (hi[:, None] + shift) & 0xF
+    out = np.stack([(u[:, None] & 0xF0) | new_lo, (new_hi << 4) | lo[:, None]], axis=1)
+    err = np.stack([new_lo - lo[:, None], new_hi - hi[:, None]], axis=1)
+    return out.astype(np.uint8).view(np.int8), err

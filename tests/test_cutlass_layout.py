@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+import int4lab as il
 import int4lab.cutlass_layout as cl
 from int4lab.cutlass_layout import weight_dequantize, weight_quantize
 
@@ -310,3 +311,68 @@ def test_weight_quantize_on_device_matches_cpu(device):
         assert torch.equal(out_d.cpu(), out_c) and torch.equal(s_d.cpu(), s_c)
         w_d = weight_dequantize(out_d, s_d, group_size=g)
         assert torch.equal(w_d.cpu(), weight_dequantize(out_c, s_c, group_size=g))
+
+
+# ------------------------------------------------------------ fragment derivation, bias, int4-b32 transcode
+def test_ldsm_map_follows_from_the_mma_fragment():
+    assert cl.ldsm_perm_from_fragment() == cl.LDSM_PERM
+    assert list(cl.LDSM_PERM) == cl.k_order_of_words()[:32].tolist()
+    # every (k, n) of the 16x8 B tile is held by exactly one (lane, i)
+    held = sorted(cl.mma_b_fragment_k(lane, i) for lane in range(32) for i in range(4))
+    assert held == sorted((k, n) for k in range(16) for n in range(8))
+    with pytest.raises(ValueError, match="lane"):
+        cl.mma_b_fragment_k(32, 0)
+
+
+def test_bias_is_xor_0x88():
+    b = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    by_nibble = (((b & 0xF) + 8) & 0xF) | ((((b >> 4) + 8) & 0xF) << 4)
+    assert torch.equal(cl.bias_by_xor(b), by_nibble)
+    with pytest.raises(TypeError):
+        cl.bias_by_xor(b.to(torch.int8))
+
+
+@pytest.mark.parametrize("K,N", [(64, 8), (128, 24), (256, 40)])
+def test_int4_b32_to_cutlass_is_lossless(K, N):
+    w = torch.randn(N, K) * torch.logspace(-2, 1, K)
+    q = torch.randint(-8, 8, (N, K), dtype=torch.int8)             # -8 included, as GPTQ may emit
+    from int4lab.format import pack_codes
+    for packed, scales in (il.pack_int4_b32(w), (pack_codes(q), (torch.rand(N, K // 32) + 0.1).half())):
+        out, s = cl.int4_b32_to_cutlass(packed, scales, N, K)
+        assert out.shape == (N // 2, K) and out.dtype == torch.int8 and s.shape == (K // 32, N)
+        assert torch.equal(cl.cutlass_b32_dequant(out, s), il.dequant_int4_ref(packed, scales, N, K).t())
+        p2, s2 = cl.cutlass_b32_to_int4_b32(out, s)
+        assert torch.equal(p2, packed) and torch.equal(s2, scales)
+
+
+def test_int4_b32_to_cutlass_rejects_bad_input():
+    p, s = il.pack_int4_b32(torch.randn(8, 96))
+    with pytest.raises(ValueError, match="multiple of 64"):
+        cl.int4_b32_to_cutlass(p, s, 8, 96)
+    p, s = il.pack_int4_b32(torch.randn(12, 64))
+    with pytest.raises(ValueError, match="multiple of 8"):
+        cl.int4_b32_to_cutlass(p, s, 12, 64)
+    p, s = il.pack_int4_b32(torch.randn(2, 8, 64))
+    with pytest.raises(ValueError, match="one"):
+        cl.int4_b32_to_cutlass(p, s, 8, 64)
+    out, sc = cl.int4_b32_to_cutlass(*il.pack_int4_b32(torch.randn(8, 64)), 8, 64)
+    with pytest.raises(ValueError, match="scale must have shape"):
+        cl.cutlass_b32_dequant(out, sc.t().contiguous())
+    with pytest.raises(TypeError):
+        cl.cutlass_b32_to_int4_b32(out, sc.float())
+
+
+def test_single_nibble_errors_and_allclose_rule():
+    b = np.array([0, -1, 0x7F, -128], dtype=np.int8)
+    bad, err = cl.single_nibble_errors(b)
+    assert bad.shape == err.shape == (4, 2, 15)
+    u = bad.view(np.uint8).astype(np.int64)
+    orig = b.view(np.uint8).astype(np.int64)[:, None, None]
+    # exactly one nibble changed, by the stated amount
+    assert np.array_equal((u & 0xF)[:, 0] - (orig & 0xF)[:, 0], err[:, 0])
+    assert np.array_equal((u >> 4)[:, 1] - (orig >> 4)[:, 0], err[:, 1])
+    assert np.all((u >> 4)[:, 0] == (orig >> 4)[:, 0]) and np.all((u & 0xF)[:, 1] == (orig & 0xF)[:, 0])
+    assert not np.any(err == 0)
+    # numpy's own rule, element by element
+    a, d = np.array([0.0, 3.0, 20.0]), np.array([1.0, 1.0, 5.0])
+    assert np.array_equal(cl.allclose_passes(a, d, 1.5, 2), np.isclose(a, d, rtol=2, atol=1.5))
