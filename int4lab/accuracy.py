@@ -171,6 +171,10 @@ def excerpt(fn, first: str, last: str | None = None) -> str:
     through the first later line containing `last` (to the end when None): what a chapter shows and tests."""
     import inspect
     lines = inspect.getsource(getattr(fn, "fn", fn)).splitlines()
-    i = next(n for n, line in enumerate(lines) if first in line)
-    j = len(lines) - 1 if last is None else next(n for n in range(i, len(lines)) if last in lines[n])
+    i = next((n for n, line in enumerate(lines) if first in line), None)
+    if i is None:
+        raise ValueError(f"first={first!r} is on no line of {getattr(fn, '__name__', fn)}'s source")
+    j = len(lines) - 1 if last is None else next((n for n in range(i, len(lines)) if last in lines[n]), None)
+    if j is None:
+        raise ValueError(f"last={last!r} is on no line of {getattr(fn, '__name__', fn)}'s source after {first!r}")
     return "\n".join(lines[i:j + 1])
