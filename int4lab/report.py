@@ -182,6 +182,33 @@ def moe_table(rec, anchors=()) -> str:
     return "\n".join(lines)
 
 
+def gemv_summary(rec, anchors=()) -> list[dict]:
+    """Per GEMV shape of the receipt: read floor µs, int4_b32 µs, `ratio` = ours / floor, and in `vs` each peer's
+    µs / ours (> 1: ours is faster; "llama.cpp" is the recorded time); a peer not timed is absent."""
+    out = []
+    for model, layer, N, K in gemv_shapes(rec):
+        w = {"model": model, "layer": layer, "N": N, "K": K}
+        ours = _us(rec, "int4_b32", **w)
+        fl = _floor([r for r in rec["rows"] if all(r[k] == v for k, v in w.items())])
+        peers = {i: _us(rec, i, **w) for i in GEMV_PEERS}
+        peers["llama.cpp"] = llama_gemv_us(anchors, N, K)
+        vs = {i: us / ours for i, us in peers.items() if us is not None and ours is not None}
+        out.append({**w, "floor": fl, "ours": ours, "ratio": _ratio(ours, fl), "vs": vs})
+    return out
+
+
+def moe_series(rec, model: str) -> dict[str, dict[int, float]]:
+    """µs by token count for every MoE implementation the receipt timed on `model`, plus "floor": the read floor
+    of the unique routed experts' int4-b32 bytes at that token count."""
+    series: dict[str, dict[int, float]] = {}
+    for r in rec["rows"]:
+        if r["layer"] == "moe" and r["model"] == model:
+            series.setdefault(r["impl"], {})[r["rows"]] = r["us"]
+            if "floor_us" in r:
+                series.setdefault("floor", {})[r["rows"]] = r["floor_us"]
+    return {k: dict(sorted(v.items())) for k, v in series.items()}
+
+
 # ---- targets: issue 12 (one-token decode) and issue 14 (MoE at 4-64 tokens) ----------------------------
 @dataclass(frozen=True)
 class Check:
@@ -349,6 +376,28 @@ def plot_moe(rec, rows: int = 1, ax=None):
     ax.set_ylabel("µs per layer call (log)")
     ax.set_title(f"MoE layer, {rows} token(s); dashed: read floor of the routed int4 bytes", fontsize=10)
     ax.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.08))
+    return ax
+
+
+def plot_moe_tokens(rec, model: str, ax=None):
+    """µs per MoE layer call versus tokens (log-log) for every implementation the receipt timed on `model`,
+    with the read floor of the unique routed experts' int4-b32 bytes as a black dashed line."""
+    import matplotlib.pyplot as plt
+    ax = ax or plt.subplots(figsize=(5, 4))[1]
+    series = moe_series(rec, model)
+    for impl, color in MOE_COLORS.items():
+        if impl in series:
+            ax.plot(list(series[impl]), list(series[impl].values()), "o-", color=color, label=impl, ms=4)
+    if "floor" in series:
+        ax.plot(list(series["floor"]), list(series["floor"].values()), "k--", label="read floor (unique experts)")
+    ax.set_xscale("log", base=2)
+    tokens = sorted({T for s in series.values() for T in s})
+    ax.set_xticks(tokens, [str(T) for T in tokens])
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens per step")
+    ax.set_ylabel("µs per layer call (log)")
+    ax.set_title(model)
+    ax.legend(fontsize=7)
     return ax
 
 

@@ -742,3 +742,30 @@ def test_sweep_pick_plan_takes_the_smallest_geometric_mean():
     ]}
     assert sweep.pick_plan(payload) == {"block_n": 16}          # 10 x 1 < 4 x 3; c was not timed everywhere
     assert sweep.pick_plan({"dense": []}) is None
+
+
+def test_moe_series_and_tokens_plot_from_a_synthetic_receipt(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rec = _synthetic_receipt(tmp_path)
+    series = report.moe_series(rec, "qwen3")
+    assert series["int4_b32_moe"] == {1: 14.0, 4: 40.0} and series["int4_b32_grouped"] == {4: 30.0}
+    assert series["floor"] == {1: 11.0, 4: 25.0} and series["grouped_mm"] == {4: 140.0}
+    assert report.moe_series(rec, "mixtral") == {}
+    ax = report.plot_moe_tokens(rec, "qwen3")
+    drawn = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines}
+    assert drawn["int4_b32_moe"] == ([1, 4], [14.0, 40.0])
+    assert drawn["bf16_loop"] == ([1, 4], [130.0, 700.0])
+    assert drawn["read floor (unique experts)"] == ([1, 4], [11.0, 25.0])
+    assert set(drawn) == {"int4_b32_moe", "int4_b32_grouped", "bf16_loop", "grouped_mm", "read floor (unique experts)"}
+    plt.close("all")
+
+
+def test_gemv_summary_ratios_from_a_synthetic_receipt(tmp_path):
+    rec = _synthetic_receipt(tmp_path)
+    rows = {(r["N"], r["K"]): r for r in report.gemv_summary(rec, report.parse_ggml(GGML_SAMPLE))}
+    qwen = rows[2048, 768]
+    assert qwen["floor"] == 2.5 and qwen["ours"] == 2.0 and qwen["ratio"] == pytest.approx(0.8)
+    assert qwen["vs"] == pytest.approx({"bf16": 2.0, "tinygemm": 1.5, "gemlite": 1.75, "llama.cpp": 9.88 / 2.0})
+    assert rows[4096, 4096]["vs"] == pytest.approx({"bf16": 8.0 / 9.0})       # ours slower: ratio < 1

@@ -1,0 +1,52 @@
+"""The helpers chapter 03 is built on: plan evaluation without a GPU, the old activation rounding, source excerpts."""
+import pytest
+import torch
+
+import int4lab as il
+from int4lab import accuracy
+from int4lab.kernels import plan as plan_mod
+from int4lab.kernels.quant import quant_blocks
+
+
+@pytest.mark.parametrize("N,K,R", [(14336, 4096, 1), (512, 2048, 2), (2048, 768, 8), (40, 4096, 1)])
+def test_plan_on_the_interpreter_is_gemv_plan(N, K, R):
+    assert accuracy.plan_on("interp", plan_mod.num_sms("cpu"), N, K, R) == plan_mod.gemv_plan(N, K, R, "cpu")
+
+
+def test_plan_on_sm90_uses_the_h200_rows_and_the_waves_rule():
+    big = accuracy.plan_on("sm90", 132, 14336, 4096, 1)
+    assert (big.block_n, big.block_k, big.split_k) == (16, 2048, 1)
+    small = accuracy.plan_on("sm90", 132, 512, 2048, 2)            # 16 tiles x 2 rows < 0.25 * 132 programs
+    assert (small.block_n, small.split_k) == (32, 2)
+    assert accuracy.plan_on("sm90", 1000, 512, 8192, 2).split_k == 8   # more SMs: more slices (<= K tiles)
+    assert plan_mod.generation("cpu") == "interp"                   # the patch does not outlive the call
+
+
+def test_floor_rounding_differs_from_rint_only_at_ties():
+    x = torch.randn(16, 256) * torch.logspace(-2, 2, 256)
+    new, s_new = il.quant_x_rows_ref(x)
+    old, s_old = accuracy.quant_x_rows_floor_ref(x)
+    assert torch.equal(s_new, s_old) and int((new.int() - old.int()).abs().max()) <= 1
+    tie = torch.zeros(1, 32)
+    tie[0, :3] = torch.tensor([127.0, 2.5, -3.5])                   # s = 1: exact halves
+    assert il.quant_x_rows_ref(tie)[0][0, :3].tolist() == [127, 2, -4]
+    assert accuracy.quant_x_rows_floor_ref(tie)[0][0, :3].tolist() == [127, 3, -3]
+
+
+def test_excerpt_cuts_between_markers_and_names_a_missing_one():
+    text = accuracy.excerpt(quant_blocks, "amax =", "inv =")
+    lines = text.splitlines()
+    assert len(lines) == 3 and "amax =" in lines[0] and "inv =" in lines[-1]
+    assert accuracy.excerpt(quant_blocks, "q = rint").splitlines()[-1].strip().startswith("return")
+    with pytest.raises(ValueError, match="first="):
+        accuracy.excerpt(quant_blocks, "no such line")
+    with pytest.raises(ValueError, match="last="):
+        accuracy.excerpt(quant_blocks, "amax =", "no such line")
+
+
+def test_bits_and_ulps():
+    a = torch.tensor([1.0, -2.0, 3.0], dtype=torch.bfloat16)
+    b = a.clone()
+    b.view(torch.int16)[2] += 1
+    assert accuracy.ulps_apart(a, a) == 0 and accuracy.ulps_apart(a, b) == 1
+    assert accuracy.bits(a).dtype == torch.int16
