@@ -21,8 +21,10 @@ the |delta log-prob| of the scored tokens (max, mean) and the top-1 agreement of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -118,24 +120,83 @@ class LlamaCppScorer:
 # ----------------------------------------------------------------------------------------------------
 # Comparison
 
-def compare(model, scorer, windows: torch.Tensor, chunk: int = 8) -> dict:
-    """Per-window NLL of both engines, |delta log-prob| and top-1 agreement over every scored token."""
+def compare(model, scorer, windows: torch.Tensor, chunk: int = 8, variants=None) -> dict:
+    """Per-window NLL of both engines, |delta log-prob| and top-1 agreement over every scored token.
+
+    variants: {name: context manager factory}; each scores our model again inside that context against the
+    same llama.cpp log-probabilities (used for `llamacpp_numerics`). Returns {"ours": stats, name: stats}.
+    """
+    import contextlib
+    runs = {"ours": contextlib.nullcontext, **(variants or {})}
     target = windows[:, 1:]
-    nll_ours, nll_cpp, dmax, dsum, agree, vmax = [], [], 0.0, 0.0, 0, 0.0
+    acc = {k: {"nll_ours": [], "dmax": 0.0, "dsum": 0.0, "vmax": 0.0, "agree": 0} for k in runs}
+    nll_cpp = []
     for i in range(0, windows.shape[0], chunk):
         w = windows[i:i + chunk]
-        a, b = ours_logprobs(model, w), scorer.logprobs(w)                         # [w, T-1, V]
         t = target[i:i + chunk].unsqueeze(-1)
-        la, lb = a.gather(-1, t).squeeze(-1), b.gather(-1, t).squeeze(-1)         # [w, T-1]
-        nll_ours.append(-la.mean(-1)), nll_cpp.append(-lb.mean(-1))
-        d = (la - lb).abs()
-        dmax, dsum = max(dmax, d.max().item()), dsum + d.sum().item()
-        vmax = max(vmax, (a - b).abs().max().item())
-        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
-    n_ours, n_cpp = torch.cat(nll_ours), torch.cat(nll_cpp)                       # [W]
+        b = scorer.logprobs(w)                                                     # [w, T-1, V]
+        lb = b.gather(-1, t).squeeze(-1)                                          # [w, T-1]
+        nll_cpp.append(-lb.mean(-1))
+        for k, ctx in runs.items():
+            with ctx():
+                a = ours_logprobs(model, w)
+            la = a.gather(-1, t).squeeze(-1)
+            r = acc[k]
+            r["nll_ours"].append(-la.mean(-1))
+            d = (la - lb).abs()
+            r["dmax"], r["dsum"] = max(r["dmax"], d.max().item()), r["dsum"] + d.sum().item()
+            r["vmax"] = max(r["vmax"], (a - b).abs().max().item())
+            r["agree"] += int((a.argmax(-1) == b.argmax(-1)).sum())
     n = target.numel()
-    return {"nll_ours": n_ours, "nll_cpp": n_cpp, "max_abs_dlogp": dmax, "mean_abs_dlogp": dsum / n,
-            "max_abs_dlogp_any_token": vmax, "top1_agreement": agree / n, "tokens": n}
+    return {k: {"nll_ours": torch.cat(r["nll_ours"]), "nll_cpp": torch.cat(nll_cpp), "max_abs_dlogp": r["dmax"],
+                "mean_abs_dlogp": r["dsum"] / n, "max_abs_dlogp_any_token": r["vmax"],
+                "top1_agreement": r["agree"] / n, "tokens": n} for k, r in acc.items()}
+
+
+# ----------------------------------------------------------------------------------------------------
+# llama.cpp's activation numerics, emulated on our model (a diagnostic, not a format)
+
+def q8_0_activations(x: torch.Tensor) -> torch.Tensor:
+    """x [R, K] -> float32 [R, K] as ggml's CPU path sees it before a Q4_0 dot product: per 32, codes
+    round-half-even(x * 127 / amax) and the scale d = amax / 127 stored in fp16 (ggml quantize_row_q8_0)."""
+    K = x.shape[-1]
+    xb = x.float().reshape(-1, K // 32, 32)
+    amax = xb.abs().amax(-1, keepdim=True)
+    d = (amax / 127).to(torch.float16).float()
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    return (torch.round(xb * inv).clamp(-127, 127) * d).reshape(x.shape)
+
+
+@contextlib.contextmanager
+def llamacpp_numerics():
+    """Inside: our quantised modules compute as llama.cpp's CPU Q4_0 path does — activations through
+    `q8_0_activations`, float32 projection outputs and a float32 expert combine (no bf16 rounding).
+    The weights are untouched. CPU reference path only."""
+    from . import quantize as qz
+
+    def matmul(x, packed, scales, act, w=None):
+        N, K = packed.shape[0], packed.shape[1] * 2
+        w = qz.dequant_int4_ref(packed, scales, N, K) if w is None else w
+        return q8_0_activations(x) @ w.t()
+
+    def experts_forward(self, hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states)
+        wgu = self._decoded(self.gate_up_packed, self.gate_up_scales)             # fp32 [E, 2I, H]
+        wdn = self._decoded(self.down_packed, self.down_scales)                   # fp32 [E, H, I]
+        for e in torch.unique(top_k_index).tolist():
+            tok, slot = torch.where(top_k_index == e)
+            gate, up = (q8_0_activations(hidden_states[tok]) @ wgu[e].t()).chunk(2, dim=-1)
+            y = q8_0_activations(self.act_fn(gate) * up) @ wdn[e].t()
+            out.index_put_((tok,), (y * top_k_weights[tok, slot, None]).to(out.dtype), accumulate=True)
+        return out
+
+    mm = qz.Int4Linear.forward.__globals__["int4_matmul"].__globals__    # where int4_matmul finds its reference
+    old_ref, old_fwd = mm["int4_matmul_ref"], qz.Int4Experts.forward
+    mm["int4_matmul_ref"], qz.Int4Experts.forward = matmul, experts_forward
+    try:
+        yield
+    finally:
+        mm["int4_matmul_ref"], qz.Int4Experts.forward = old_ref, old_fwd
 
 
 def paired_bootstrap(nll_a: torch.Tensor, nll_b: torch.Tensor, reps: int = BOOTSTRAP, seed: int = 0) -> dict:
@@ -165,8 +226,12 @@ def arm_result(cmp: dict) -> dict:
 # The judge
 
 def judge(model: str, schemes=("rtn", "gptq"), targets: str = "experts", *, window: int = WINDOW,
-          max_windows: int | None = None, threads: int | None = None, workdir=None, progress: bool = True) -> dict:
-    """Receipt payload: the source arm and one arm per scheme, each scored by our model and by llama.cpp."""
+          windows: int | None = None, threads: int | None = None, workdir=None, progress: bool = True) -> dict:
+    """Receipt payload: the source arm and one arm per scheme, each scored by our model and by llama.cpp.
+
+    windows: score this many windows spread evenly over the test split (None: all of them). Each quantised
+    arm also scores our model under `llamacpp_numerics` against the same llama.cpp log-probabilities.
+    """
     from .corpus import load_split
     from .export import build_model, write_gguf
     from .gate import token_sha
@@ -174,34 +239,40 @@ def judge(model: str, schemes=("rtn", "gptq"), targets: str = "experts", *, wind
     tmp = tempfile.TemporaryDirectory() if workdir is None else None
     wd = Path(workdir or tmp.name)
     arms = {}
-    windows = tok_check = None
+    wins = tok_check = None
+    total = 0
     for scheme in (None, *schemes):
         ta = time.time()
         m, tok, name = build_model(model, scheme, targets)
-        if windows is None:
-            windows = score_windows(tok, load_split("test"), window)
-            if max_windows is not None:
-                windows = windows[:max_windows]
+        if wins is None:
+            wins = score_windows(tok, load_split("test"), window)
+            total = wins.shape[0]
+            if windows is not None and windows < total:
+                wins = wins[torch.linspace(0, total - 1, windows).round().long()]
         label = "source" if scheme is None else f"{scheme}/{targets}/W4A8"
         path = write_gguf(m, wd / f"{name}-{label.replace('/', '-')}.gguf", name=f"{name}-{label}")
         scorer = LlamaCppScorer(path, window, threads)
         if tok_check is None:
             tok_check = tokenizer_agreement(tok, scorer, load_split("test")[:20000])
-        cmp = compare(m, scorer, windows)
+        variants = None if scheme is None else {"llamacpp_numerics": llamacpp_numerics}
+        cmp = compare(m, scorer, wins, variants=variants)
         scorer.close()
-        arms[label] = {**arm_result(cmp), "gguf_bytes": path.stat().st_size, "seconds": time.time() - ta}
+        arms[label] = {**arm_result(cmp["ours"]), "gguf_bytes": path.stat().st_size}
+        if variants:
+            arms[label]["ours_with_llamacpp_numerics"] = arm_result(cmp["llamacpp_numerics"])
+        arms[label]["seconds"] = time.time() - ta
         if progress:
             a = arms[label]
             print(f"{name} {label}: ppl ours {a['ppl_ours']:.4f}, llama.cpp {a['ppl_llamacpp']:.4f}, "
-                  f"rel {a['diff']['rel']:+.2e} CI {a['diff']['ci95']}, max|dlogp| {a['max_abs_dlogp']:.2e}",
-                  flush=True)
+                  f"rel {a['diff']['rel']:+.2e} CI {a['diff']['ci95']}, max|dlogp| {a['max_abs_dlogp']:.2e}, "
+                  f"mean {a['mean_abs_dlogp']:.2e}", flush=True)
         del m
     if tmp is not None:
         tmp.cleanup()
     return {"model": model, "llama": llama_provenance(), "split": "test", "window": window,
-            "windows": int(windows.shape[0]), "tokens_scored": int(windows[:, 1:].numel()),
-            "tokens_sha": token_sha(windows), "targets": targets, "tokenizer_check": tok_check,
-            "arms": arms, "seconds": time.time() - t0}
+            "windows": int(wins.shape[0]), "windows_in_split": int(total),
+            "tokens_scored": int(wins[:, 1:].numel()), "tokens_sha": token_sha(wins), "targets": targets,
+            "tokenizer_check": tok_check, "arms": arms, "seconds": time.time() - t0}
 
 
 def tokenizer_agreement(tok, scorer, text: str) -> dict:
@@ -219,7 +290,8 @@ def main(argv=None) -> int:
     ap.add_argument("--scheme", nargs="+", default=["rtn", "gptq"], choices=["rtn", "gptq"])
     ap.add_argument("--targets", default="experts", choices=["experts", "experts+attn"])
     ap.add_argument("--window", type=int, default=WINDOW)
-    ap.add_argument("--max-windows", type=int, default=None, help="score only the first N windows (smoke test)")
+    ap.add_argument("--windows", type=int, default=None,
+                    help="score N windows spread evenly over the test split (default: all, about 500)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, default=None, help="receipt path (default data/receipts/llamacpp_<model>.json)")
     args = ap.parse_args(argv)
@@ -229,10 +301,10 @@ def main(argv=None) -> int:
     from .receipts import write_receipt
     torch.set_num_threads(args.threads or os.cpu_count())
     payload = judge(args.model, tuple(args.scheme), args.targets, window=args.window,
-                    max_windows=args.max_windows, threads=args.threads)
+                    windows=args.windows, threads=args.threads)
     name = Path(args.model).name
     out = args.out or RECEIPTS / f"llamacpp_{name}.json"
-    write_receipt(out, payload)
+    write_receipt(out, payload, command="python -m int4lab.llamacpp " + " ".join(sys.argv[1:] if argv is None else argv))
     print(out)
     return 0
 
