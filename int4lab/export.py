@@ -1,0 +1,377 @@
+"""Export a model to GGUF for llama.cpp: int4-b32 packs become `Q4_0` byte for byte, the rest F32 (or F16).
+
+    python -m int4lab.export --model mixtral --scheme rtn --targets experts --out mixtral-q4_0.gguf
+    python -m int4lab.export --model olmoe --source --out olmoe-f32.gguf          # the unquantised reference
+    python -m int4lab.export --model /path/to/ckpt --scheme gptq --targets experts+attn --out ckpt.gguf
+
+Shape legend: E = experts, N = out features, K = in features (K % 32 == 0 for a Q4_0 tensor),
+H = hidden size, I = expert intermediate size, V = vocabulary, L = layer index.
+
+No weight is quantised here. A quantised module's int4-b32 pack (`Int4Linear`, `Int4Experts`) is
+transcoded by `int4lab.q4_0.int4_b32_to_q4_0` (nibble order j|j+16, the fp16 scale bits copied), so
+llama.cpp decodes exactly the weights `dequant_int4_ref` decodes. Everything else (embeddings, norms,
+router, lm_head) is written as the model holds it, in F32 (exact for a bf16 or fp32 model) or F16.
+
+How transformers 5 names map onto llama.cpp's (gguf-py `MODEL_TENSOR` names, per block L):
+
+    input_layernorm            blk.L.attn_norm          post_attention_layernorm  blk.L.ffn_norm
+    self_attn.{q,k,v,o}_proj   blk.L.attn_{q,k,v,output}
+    self_attn.{q,k}_norm       blk.L.attn_{q,k}_norm    (OLMoE: over all heads, [H]; Qwen3: per head, [H/heads])
+    mlp.gate (router)          blk.L.ffn_gate_inp       [E, H]
+    mlp.experts.gate_up_proj   blk.L.ffn_gate_exps [E, I, H] (rows 0..I-1) and blk.L.ffn_up_exps (rows I..2I-1)
+    mlp.experts.down_proj      blk.L.ffn_down_exps [E, H, I]
+
+Mixtral goes to llama.cpp's `llama` architecture, which applies rotary embeddings to adjacent pairs (its
+"normal" rope) where transformers rotates halves; llama.cpp's converter therefore permutes the rows of q
+and k (`LlamaModel.permute`), and so do we. Permuting rows moves whole Q4_0 rows, so it stays lossless.
+OLMoE (`olmoe`) and Qwen3-MoE (`qwen3moe`) use llama.cpp's NEOX rope, the transformers layout: no permute.
+llama.cpp fixes each architecture's top-k renormalisation (llama and qwen3moe: yes, olmoe: no); a config
+that says otherwise is refused rather than silently run with other routing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .format import BLOCK
+from .q4_0 import int4_b32_to_q4_0
+from .quantize import ATTN_PROJ, SCHEMES, TARGETS, Int4Experts, Int4Linear, decoder_layers, model_arch
+
+# our architecture -> (llama.cpp architecture, top-k weights renormalised in llama.cpp's graph, permute q/k)
+GGUF_ARCH = {
+    "mixtral": ("llama", True, True),
+    "olmoe": ("olmoe", False, False),
+    "qwen3_moe": ("qwen3moe", True, False),
+}
+GGUF_ATTN = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output"}
+FLOAT_TYPES = ("f32", "f16")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The one place that knows where a quantised module keeps its pack (adapt here if the modules change).
+
+def module_packs(mod) -> dict | None:
+    """{part: (packed uint8 [..., N, K/2], scales fp16 [..., N, K/32])} of a quantised module, None otherwise.
+
+    Int4Linear -> {"weight": ...}; Int4Experts -> {"gate": ..., "up": ..., "down": ...}, gate/up being
+    the two row halves of gate_up (rows 0..I-1 gate, I..2I-1 up), each [E, I, ...].
+    """
+    if isinstance(mod, Int4Linear):
+        return {"weight": (mod.packed, mod.scales)}
+    if isinstance(mod, Int4Experts):
+        I = mod.intermediate_dim
+        p, s = mod.gate_up_packed, mod.gate_up_scales
+        return {"gate": (p[:, :I], s[:, :I]), "up": (p[:, I:], s[:, I:]),
+                "down": (mod.down_packed, mod.down_scales)}
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tensors
+
+def q4_0_tensor(name: str, packed: torch.Tensor, scales: torch.Tensor) -> np.ndarray:
+    """uint8 [..., N, K/32 * 18] Q4_0 bytes of one int4-b32 pack; ValueError naming `name` when K is not a
+    multiple of 32 or a scale is not finite (llama.cpp would decode NaN/inf weights without a word)."""
+    if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8:
+        raise TypeError(f"{name}: packed must be a uint8 torch.Tensor")
+    if not isinstance(scales, torch.Tensor) or scales.dtype != torch.float16:
+        raise TypeError(f"{name}: scales must be a float16 torch.Tensor")
+    N, K = packed.shape[-2], packed.shape[-1] * 2
+    if K % BLOCK or scales.shape[-1] * BLOCK != K:
+        raise ValueError(f"{name}: K = {K} with {scales.shape[-1]} scales per row; Q4_0 needs K a multiple "
+                         f"of {BLOCK} and one scale per {BLOCK}")
+    bad = ~torch.isfinite(scales)
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{name}: scale at {idx} is {float(scales[idx])}, not finite: refusing to write it")
+    return int4_b32_to_q4_0(packed.contiguous(), scales.contiguous(), N, K).numpy()
+
+
+def permute_rows(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's `LlamaModel.permute` on dim 0 (rows of q or k, [heads * head_dim, ...]): within each head,
+    rows (0, hd/2, 1, hd/2 + 1, ...) -> the adjacent pairs its normal rope rotates."""
+    n = t.shape[0]
+    return t.reshape(heads, 2, n // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+
+
+def _float(t: torch.Tensor, ftype: str) -> np.ndarray:
+    # 1-D tensors (norms) stay F32: llama.cpp's norm ops expect it (its converter does the same).
+    dt = torch.float16 if (ftype == "f16" and t.dim() >= 2) else torch.float32
+    return t.detach().to("cpu", dt).contiguous().numpy()
+
+
+def _check_finite(name: str, t: torch.Tensor) -> None:
+    if not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name}: holds NaN or inf values: refusing to write it")
+
+
+def gguf_tensors(model, ftype: str = "f32"):
+    """Yield (gguf name, numpy array, "Q4_0" | None) for every tensor llama.cpp loads for this model.
+
+    A quantised module yields Q4_0 bytes (uint8 [..., N, K/32 * 18]); any other weight yields float data.
+    """
+    arch = model_arch(model)
+    _, _, permute = GGUF_ARCH[arch]
+    cfg = model.config
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+
+    def weight(name, mod, heads=None):
+        packs = module_packs(mod)
+        if packs is not None:
+            p, s = packs["weight"]
+            if heads is not None:
+                p, s = permute_rows(p, heads), permute_rows(s, heads)
+            return name, q4_0_tensor(name, p, s), "Q4_0"
+        if getattr(mod, "bias", None) is not None:
+            raise ValueError(f"{name}: has a bias; llama.cpp's {GGUF_ARCH[arch][0]} graph has none to load it into")
+        w = mod.weight.detach()
+        if heads is not None:
+            w = permute_rows(w, heads)
+        _check_finite(name, w)
+        return name, _float(w, ftype), None
+
+    def norm(name, mod):
+        _check_finite(name, mod.weight)
+        return name, _float(mod.weight, "f32"), None
+
+    m = model.model
+    yield "token_embd.weight", _float(m.embed_tokens.weight, ftype), None
+    for L, layer in enumerate(decoder_layers(model)):
+        b = f"blk.{L}"
+        yield norm(f"{b}.attn_norm.weight", layer.input_layernorm)
+        attn = layer.self_attn
+        for proj in ATTN_PROJ:
+            heads = None
+            if permute and proj in ("q_proj", "k_proj"):
+                heads = nh if proj == "q_proj" else nkv
+            yield weight(f"{b}.{GGUF_ATTN[proj]}.weight", getattr(attn, proj), heads)
+        for which in ("q", "k"):
+            if hasattr(attn, f"{which}_norm"):
+                yield norm(f"{b}.attn_{which}_norm.weight", getattr(attn, f"{which}_norm"))
+        yield norm(f"{b}.ffn_norm.weight", layer.post_attention_layernorm)
+        mlp = layer.mlp
+        if not hasattr(mlp, "experts"):
+            raise ValueError(f"layer {L} has a dense MLP (mlp_only_layers / decoder_sparse_step): llama.cpp's "
+                             f"{GGUF_ARCH[arch][0]} graph expects experts in every layer")
+        router = mlp.gate.weight.detach()
+        _check_finite(f"{b}.ffn_gate_inp.weight", router)
+        yield f"{b}.ffn_gate_inp.weight", _float(router, "f32"), None
+        packs = module_packs(mlp.experts)
+        if packs is not None:
+            for part in ("gate", "up", "down"):
+                name = f"{b}.ffn_{part}_exps.weight"
+                yield name, q4_0_tensor(name, *packs[part]), "Q4_0"
+        else:
+            gu, dn = mlp.experts.gate_up_proj.detach(), mlp.experts.down_proj.detach()
+            I = gu.shape[1] // 2
+            for part, w in (("gate", gu[:, :I]), ("up", gu[:, I:]), ("down", dn)):
+                _check_finite(f"{b}.ffn_{part}_exps.weight", w)
+                yield f"{b}.ffn_{part}_exps.weight", _float(w, ftype), None
+    yield norm("output_norm.weight", m.norm)
+    yield weight("output.weight", model.lm_head)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Metadata
+
+def _check_mappable(model) -> str:
+    """llama.cpp architecture name for `model`, or ValueError saying what cannot be mapped."""
+    arch = model_arch(model)            # ValueError for an architecture int4lab does not handle
+    gguf_arch, renorm, _ = GGUF_ARCH[arch]
+    cfg = model.config
+    ours = True if arch == "mixtral" else bool(getattr(cfg, "norm_topk_prob", False))
+    if ours != renorm:
+        raise ValueError(f"config.norm_topk_prob = {ours}, but llama.cpp's {gguf_arch} graph "
+                         f"{'renormalises' if renorm else 'does not renormalise'} the top-k weights: cannot map")
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"rope_type {rope.get('rope_type')!r} is not mapped (only 'default' rope)")
+    if getattr(cfg, "attention_bias", False):
+        raise ValueError("attention_bias = True: llama.cpp's MoE graphs load no q/k/v biases here")
+    if getattr(cfg, "sliding_window", None):
+        raise ValueError(f"sliding_window = {cfg.sliding_window} is not mapped")
+    return gguf_arch
+
+
+def _head_dim(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def add_hparams(writer, model) -> None:
+    """The {arch}.* keys llama.cpp reads for this model (names as llama.cpp's converter writes them)."""
+    from .models import expert_shapes
+    cfg = model.config
+    arch = model_arch(model)
+    ex = expert_shapes(cfg)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_key_length(_head_dim(cfg))
+    writer.add_value_length(_head_dim(cfg))
+    writer.add_rope_dimension_count(_head_dim(cfg))
+    writer.add_rope_freq_base(float((cfg.rope_parameters or {}).get("rope_theta", 10000.0)))
+    writer.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
+    writer.add_expert_count(ex["experts"])
+    writer.add_expert_used_count(ex["top_k"])
+    writer.add_vocab_size(cfg.vocab_size)
+    if arch == "qwen3_moe":
+        writer.add_expert_feed_forward_length(ex["intermediate"])
+
+
+def add_tokenizer(writer, tokenizer_dir=None, add_bos: bool = True) -> None:
+    """Our byte-level BPE (tokenizer.json) as a gpt2-style vocabulary: tokens, types, merges, specials.
+
+    llama.cpp's `gpt-2` pre-tokeniser is the regex of HF's ByteLevel(use_regex=True). add_bos: llama.cpp
+    prepends <|bos|> when it tokenises a prompt (the models saw one at the start of every document).
+    """
+    import gguf
+    from .models import TOKENIZER_DIR
+    path = Path(tokenizer_dir or TOKENIZER_DIR) / "tokenizer.json"
+    tj = json.loads(path.read_text(encoding="utf-8"))
+    if tj["model"]["type"] != "BPE" or (tj.get("pre_tokenizer") or {}).get("type") != "ByteLevel":
+        raise ValueError(f"{path}: only a byte-level BPE tokenizer maps onto llama.cpp's gpt2 vocabulary")
+    vocab = dict(tj["model"]["vocab"])
+    specials = {t["id"]: t["content"] for t in tj.get("added_tokens", [])}
+    vocab.update({c: i for i, c in specials.items()})
+    n = max(vocab.values()) + 1
+    tokens = [f"[PAD{i}]" for i in range(n)]
+    types = [gguf.TokenType.UNUSED] * n
+    for tok, i in vocab.items():
+        tokens[i] = tok
+        types[i] = gguf.TokenType.CONTROL if i in specials else gguf.TokenType.NORMAL
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    byname = {c: i for i, c in specials.items()}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(byname.get("<|bos|>", 0))
+    writer.add_eos_token_id(byname.get("<|eos|>", 1))
+    writer.add_pad_token_id(byname.get("<|eos|>", 1))
+    writer.add_add_bos_token(add_bos)
+    writer.add_add_eos_token(False)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Writing and reading back
+
+def write_gguf(model, path, *, name: str | None = None, ftype: str = "f32", tokenizer_dir=None) -> Path:
+    """Write `model` (quantised by `quantize_model`, or not) to `path` as GGUF; returns the path.
+
+    ftype: "f32" or "f16" for the weights that are not int4-b32 packs (norms and the router stay F32).
+    """
+    import gguf
+    if ftype not in FLOAT_TYPES:
+        raise ValueError(f"ftype must be one of {FLOAT_TYPES}, got {ftype!r}")
+    gguf_arch = _check_mappable(model)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = list(gguf_tensors(model, ftype))          # every check runs before the file is opened
+    quantised = any(q == "Q4_0" for _, _, q in tensors)
+    ft = (gguf.LlamaFileType.MOSTLY_Q4_0 if quantised else
+          gguf.LlamaFileType.MOSTLY_F16 if ftype == "f16" else gguf.LlamaFileType.ALL_F32)
+    w = gguf.GGUFWriter(str(path), gguf_arch)
+    w.add_name(name or f"int4lab-{model_arch(model)}")
+    w.add_file_type(ft)
+    sch = getattr(model, "int4_scheme", None)
+    w.add_string("int4lab.scheme", sch.name if sch is not None else "source")
+    add_hparams(w, model)
+    add_tokenizer(w, tokenizer_dir)
+    for tname, data, q in tensors:
+        w.add_tensor(tname, data, raw_dtype=gguf.GGMLQuantizationType.Q4_0 if q == "Q4_0" else None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def expected_q4_0(model) -> dict:
+    """{gguf name: (packed, scales)} of every int4-b32 pack the export writes as Q4_0 (q/k permuted for llama)."""
+    out = {}
+    arch = model_arch(model)
+    permute = GGUF_ARCH[arch][2]
+    cfg = model.config
+    for L, layer in enumerate(decoder_layers(model)):
+        for proj in ATTN_PROJ:
+            packs = module_packs(getattr(layer.self_attn, proj))
+            if packs is None:
+                continue
+            p, s = packs["weight"]
+            if permute and proj in ("q_proj", "k_proj"):
+                heads = cfg.num_attention_heads if proj == "q_proj" else cfg.num_key_value_heads
+                p, s = permute_rows(p, heads), permute_rows(s, heads)
+            out[f"blk.{L}.{GGUF_ATTN[proj]}.weight"] = (p, s)
+        packs = module_packs(layer.mlp.experts)
+        for part in ("gate", "up", "down") if packs else ():
+            out[f"blk.{L}.ffn_{part}_exps.weight"] = packs[part]
+    packs = module_packs(model.lm_head)
+    if packs:
+        out["output.weight"] = packs["weight"]
+    return out
+
+
+def read_q4_0_decoded(path) -> dict:
+    """{name: float32 numpy [..., N, K]} of every Q4_0 tensor in a GGUF file, decoded by the `gguf`
+    package's own reference dequantiser (an implementation this repository did not write)."""
+    import gguf
+    r = gguf.GGUFReader(str(path))
+    out = {}
+    for t in r.tensors:
+        if t.tensor_type == gguf.GGMLQuantizationType.Q4_0:
+            out[t.name] = gguf.quants.dequantize(np.asarray(t.data), gguf.GGMLQuantizationType.Q4_0)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Command line
+
+def build_model(model: str, scheme: str | None, targets: str = "experts", *, calib_seqs: int = 16,
+                calib_len: int = 128, progress: bool = False):
+    """(model fp32 on the CPU, tokenizer, short name): the source, or quantised by `quantize_model`
+    (scheme "rtn" | "gptq"; W4A8, the activation mode llama.cpp's CPU path runs). GPTQ calibrates on the
+    training split as the gate does (calib_seqs x calib_len tokens)."""
+    from .gate import calibration_ids, load_model
+    from .quantize import quantize_model
+    m, tok, name = load_model(model, torch.float32, "cpu")
+    if scheme is None:
+        return m, tok, name
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    calib = calibration_ids(tok, calib_seqs, calib_len) if scheme == "gptq" else None
+    m, _ = quantize_model(m, scheme, targets, "int8", calib_ids=calib, progress=progress)
+    return m, tok, name
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m int4lab.export", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="mixtral | olmoe | qwen3_moe | a checkpoint directory")
+    ap.add_argument("--scheme", choices=SCHEMES, default="rtn")
+    ap.add_argument("--targets", choices=TARGETS, default="experts")
+    ap.add_argument("--source", action="store_true", help="write the unquantised model instead (reference)")
+    ap.add_argument("--ftype", choices=FLOAT_TYPES, default="f32", help="type of the weights that are not packs")
+    ap.add_argument("--calib-seqs", type=int, default=16)
+    ap.add_argument("--calib-len", type=int, default=128)
+    ap.add_argument("--out", required=True, type=Path)
+    args = ap.parse_args(argv)
+    m, _, name = build_model(args.model, None if args.source else args.scheme, args.targets,
+                             calib_seqs=args.calib_seqs, calib_len=args.calib_len, progress=True)
+    label = "source" if args.source else f"{args.scheme}-{args.targets}"
+    path = write_gguf(m, args.out, name=f"{name}-{label}", ftype=args.ftype)
+    nq = len(expected_q4_0(m))
+    print(f"{path}: {path.stat().st_size / 2**20:.2f} MiB, {nq} Q4_0 tensors ({label})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
