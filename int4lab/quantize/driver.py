@@ -26,7 +26,7 @@ from .._checks import check_tensor
 from ..format import BLOCK, block_scales, check_scale_range, pack_codes, pack_int4_b32
 from .hessian import attn_key, expert_key, hessian_hooks
 from .layout import ATTN_PROJ, LAYOUT, Scheme, attention, decoder_layers, experts_of, model_arch, moe_block
-from .modules import Int4Experts, Int4Linear
+from .modules import Int4Experts, Int4Linear, check_experts_k
 
 
 @dataclass
@@ -131,6 +131,7 @@ def quantize_model(model, scheme: str = "rtn", targets: str = "experts", act: st
 def _quantize_layer_rtn(layer, arch, sch, rep, pack):
     ex = experts_of(layer, arch)
     if ex is not None:
+        check_experts_k(ex)
         gu = pack(ex.gate_up_proj.detach().float())
         dn = pack(ex.down_proj.detach().float())
         _set_experts(layer, arch, Int4Experts.from_experts(ex, sch.act, gu, dn))

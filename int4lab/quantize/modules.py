@@ -63,6 +63,14 @@ def _computes_silu(act_fn) -> bool:
         return False
 
 
+def check_experts_k(experts: nn.Module) -> None:
+    """ValueError unless both fused expert weights have K a multiple of 32."""
+    for name in ("gate_up_proj", "down_proj"):
+        k = getattr(experts, name).shape[-1]
+        if k % BLOCK:
+            raise ValueError(f"experts.{name} has K = {k}, not a multiple of {BLOCK}: int4-b32 cannot hold it")
+
+
 class _Int4Module(nn.Module):
     """Shared by both modules: the kernels switch and a cache of the CPU reference's decoded weights
     (decoded once, not on every call; a changed buffer changes its version or storage and is decoded again)."""
@@ -158,10 +166,7 @@ class Int4Experts(_Int4Module):
     def from_experts(cls, experts: nn.Module, act: str, gate_up=None, down=None) -> "Int4Experts":
         """Round-to-nearest pack of experts.gate_up_proj / down_proj unless packs are given."""
         dev = experts.gate_up_proj.device
-        for name in ("gate_up_proj", "down_proj"):
-            k = getattr(experts, name).shape[-1]
-            if k % BLOCK:
-                raise ValueError(f"experts.{name} has K = {k}, not a multiple of {BLOCK}: int4-b32 cannot hold it")
+        check_experts_k(experts)
         gate_up = gate_up or pack_int4_b32(experts.gate_up_proj.detach().float())
         down = down or pack_int4_b32(experts.down_proj.detach().float())
         return cls(tuple(t.to(dev) for t in gate_up), tuple(t.to(dev) for t in down), experts.act_fn, act)
