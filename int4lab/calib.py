@@ -186,3 +186,44 @@ def token_batches(tok, text: str, seq_len: int, n_seqs: int) -> torch.Tensor:
     if len(ids) < need:
         raise ValueError(f"text has {len(ids)} tokens, need seq_len * n_seqs = {need}")
     return torch.tensor(ids[:need], dtype=torch.long).reshape(n_seqs, seq_len)
+
+
+def calibration_ablation(model, calib_ids: torch.Tensor, eval_ids: torch.Tensor, sizes, damps=(0.01,),
+                         layers=(0,), min_rows=None) -> list[dict]:
+    """Held-out output error of GPTQ against round-to-nearest for each calibration size and damping.
+
+    calib_ids int64 [B, T]: the first `size // T` sequences calibrate; eval_ids [B', T] (other text) measure,
+    through `h_objective` on its Hessians. Experts with fewer than min_rows calibration rows (default: K of
+    their widest input, as `quantize_model`) fall back to round-to-nearest (ratio 1). One row per
+    (size, damp): {"tokens", "damp", "weights", "fallback", "min_rows_seen", "median gptq/rtn",
+    "gptq beats rtn"} over the expert weights of `layers`.
+    """
+    evals = collect_hessians(model, [eval_ids], layers)
+    T = calib_ids.shape[1]
+    out = []
+    for size in sizes:
+        cal = collect_hessians(model, [calib_ids[:max(size // T, 1)]], layers)
+        for damp in damps:
+            ratios, fallback, seen = [], 0, []
+            for name, b in evals.items():
+                if ".experts." not in name:
+                    continue
+                w = model_weight(model, name).detach().float().cpu()
+                layer, e = name.split(".")[1], name.split(".")[3]
+                rows = cal.get(f"layers.{layer}.experts.{e}.gate_up")
+                n = 0 if rows is None else rows.nsamples
+                gu = model_weight(model, f"layers.{layer}.experts.{e}.gate_up")
+                need = min_rows or max(gu.shape[1], model_weight(model, f"layers.{layer}.experts.{e}.down").shape[1])
+                seen.append(n)
+                rtn = h_objective(w, dequant_int4_ref(*pack_int4_b32(w), *w.shape), b.H)
+                if n < need:
+                    fallback += 1
+                    ratios.append(1.0)
+                    continue
+                g = dequant_int4_ref(*gptq_pack_int4_b32(w, cal[name].H, damp=damp), *w.shape)
+                ratios.append(h_objective(w, g, b.H) / rtn)
+            r = torch.tensor(ratios, dtype=torch.float64)
+            out.append({"tokens": min(size, calib_ids.numel()), "damp": damp, "weights": len(ratios),
+                        "fallback": fallback // 2, "min_rows_seen": min(seen), "median gptq/rtn": float(r.median()),
+                        "gptq beats rtn": float((r < 1).double().mean())})
+    return out
