@@ -26,7 +26,8 @@ def parser() -> argparse.ArgumentParser:
     from . import __doc__ as doc
     ap = argparse.ArgumentParser(prog="python -m int4lab.gate", description=doc,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="a tiny model name (mixtral, olmoe, qwen3_moe) or a HF checkpoint dir")
+    ap.add_argument("--model", required=True,
+                    help="a tiny model name (mixtral, olmoe, qwen3_moe) or a HF checkpoint dir")
     ap.add_argument("--scheme", nargs="+", choices=SCHEMES, default=["rtn"],
                     help="rtn = round-to-nearest (always run: the baseline); gptq adds --calib-draws GPTQ packs")
     ap.add_argument("--targets", nargs="+", choices=TARGETS, default=["experts"])
@@ -83,13 +84,15 @@ def main(argv=None) -> int:
                            floor=not args.no_floor, calib_tokens=args.calib_tokens, calib_len=args.calib_len,
                            min_rows=args.min_rows, damp=args.damp, n_boot=args.boot, seed=args.seed,
                            parity_steps=args.parity_steps, max_docs=args.max_docs,
-                           subset_stride=args.subset_stride, floor_stride=args.floor_stride, tasks=args.tasks, limit=args.limit,
+                           subset_stride=args.subset_stride, floor_stride=args.floor_stride, tasks=args.tasks,
+                           limit=args.limit,
                            progress=not args.quiet)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     path = Path(args.out) if args.out else receipt_path(payload["model"])
-    write_receipt(path, payload, command="python -m int4lab.gate " + " ".join(argv if argv is not None else sys.argv[1:]))
+    args_line = " ".join(argv if argv is not None else sys.argv[1:])
+    write_receipt(path, payload, command=f"python -m int4lab.gate {args_line}")
     print(format_table(payload))
     print(f"receipt: {path}")
     return 0

@@ -77,9 +77,10 @@ def check_budget(budget) -> float:
 
 def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.float32, device: str = "cpu",
              device_map: str | None = None, texts=TEXTS, window: int | None = None, batch: int = 16,
-             floor: bool = True, subset_stride: int = 4, floor_stride: int = 16, calib_tokens: int = 16384, calib_len: int | None = None,
-             min_rows: int | None = None, damp: float = 0.01, calib_split: str = "train", n_boot: int = stats.N_BOOT, seed: int = 0,
-             parity_steps: int = 4, max_docs: int | None = None, tasks=(), limit: int | None = None, progress: bool = True,
+             floor: bool = True, subset_stride: int = 4, floor_stride: int = 16, calib_tokens: int = 16384,
+             calib_len: int | None = None, min_rows: int | None = None, damp: float = 0.01,
+             calib_split: str = "train", n_boot: int = stats.N_BOOT, seed: int = 0, parity_steps: int = 4,
+             max_docs: int | None = None, tasks=(), limit: int | None = None, progress: bool = True,
              loader=None) -> dict:
     """Score the source, the precision floor and every arm on every document of `texts`; the receipt payload.
 
@@ -87,8 +88,8 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     in the other precision (bf16 for an fp32 source, else fp32) on every floor_stride-th document; reported,
     never used as a threshold. subset_stride: the lottery tickets and the calibration draws after the first
     score every subset_stride-th document (1: all), and gains / the lottery spread are measured there.
-    calib_tokens / calib_len: GPTQ calibration set per draw (calib_len default: window), from calib_split. parity_steps > 0:
-    the decode instrument's kernel-parity check on the first arm, over a window of that many steps.
+    calib_tokens / calib_len: GPTQ calibration set per draw (calib_len default: window), from calib_split.
+    parity_steps > 0: the decode instrument's kernel-parity check on the first arm, over that many steps.
     max_docs: score only the first max_docs documents of each text (quick runs; None = all).
     tasks: lm-eval tasks to score as well (token-level perplexity from per-document log-likelihoods).
     loader(dtype) -> (model, tokenizer, name) overrides `load_model` (tests).
@@ -191,7 +192,8 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
                "device_map": device_map, "budget": budget,
                "settings": {"window": L, "batch": batch, "n_boot": n_boot, "level": stats.LEVEL, "seed": seed,
                             "bootstrap_unit": "document", "texts": list(texts), "calib_tokens": calib_tokens,
-                            "calib_len": calib_len or L, "calib_split": calib_split, "min_rows": min_rows if min_rows else "K (max(H, I))",
+                            "calib_len": calib_len or L, "calib_split": calib_split,
+                            "min_rows": min_rows if min_rows else "K (max(H, I))",
                             "min_rows_fallback": "round-to-nearest", "damp": damp,
                             "dither": sorted({a.dither for a in arms if a.dither}),
                             "threads": torch.get_num_threads(),

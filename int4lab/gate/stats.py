@@ -162,7 +162,8 @@ def calibration_judgement(gains: list[dict], spread: dict) -> dict:
                                                 f"+{spread[t]:.3%}" for i, t in worse]}
     short = [(i, t) for i, g in enumerate(gains) for t, c in g.items() if not c["hi"] < -spread[t]]
     if not short:
-        return {"verdict": "ACCEPTED", "reasons": [f"all {len(gains)} draws beat round-to-nearest beyond the lottery "
-                                                   f"spread on every text"]}
-    return {"verdict": "NOT SHOWN", "reasons": [f"draw {i}, {t}: CI [{gains[i][t]['lo']:+.3%}, {gains[i][t]['hi']:+.3%}] "
-                                                f"does not clear -{spread[t]:.3%} (zero and the lottery)" for i, t in short]}
+        return {"verdict": "ACCEPTED",
+                "reasons": [f"all {len(gains)} draws beat round-to-nearest beyond the lottery spread on every text"]}
+    return {"verdict": "NOT SHOWN",
+            "reasons": [f"draw {i}, {t}: CI [{gains[i][t]['lo']:+.3%}, {gains[i][t]['hi']:+.3%}] does not clear "
+                        f"-{spread[t]:.3%} (zero and the lottery)" for i, t in short]}

@@ -61,11 +61,11 @@ def render_gate_table(receipts_dir) -> str:
                      f"({r['texts'][t]['tokens']} tokens)" if t in r["texts"] else "–" for t in texts]
                      + ["", "", f"`{p.name}`"]) + " |")
         for name, a in r["arms"].items():
-            sname = name.split(" ")[0]
-            lines.append("| " + " | ".join([r["model"], name] + [_pct(a["texts"][t]["rel"]) if t in a["texts"] else "–"
-                                                               for t in texts]
-                                          + [a["verdict"]["verdict"], cal.get(sname, "–") if a["kind"] == "gptq" else "–",
-                                             f"`{p.name}`"]) + " |")
+            judged = cal.get(name.split(" ")[0], "–") if a["kind"] == "gptq" else "–"
+            cells = [_pct(a["texts"][t]["rel"]) if t in a["texts"] else "–" for t in texts]
+            shown = name if a["scored"] == "every document" else f"{name} ({a['scored']})"
+            lines.append("| " + " | ".join([r["model"], shown] + cells + [a["verdict"]["verdict"], judged,
+                                                                        f"`{p.name}`"]) + " |")
         for base, lot in r.get("lottery", {}).items():
             lines.append("| " + " | ".join([r["model"], f"lottery spread of {base} ({len(lot['draws'])} draws)"]
                                           + [f"{lot['texts'][t]['spread']:.2%}" if t in lot["texts"] else "–"
