@@ -140,7 +140,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
                                 min_rows=min_rows, damp=damp, dither=a.dither, dither_seed=a.seed, progress=False)
         models[a.name] = m
         info[a.name] = {"kind": a.kind, "scheme": asdict(a.scheme), "dither": a.dither, "seed": a.seed,
-                        "twin": a.twin, "scored": "every document" if a in full else
+                        "twin": a.twin, "scored": "every document" if a in full or subset_stride == 1 else
                         f"every {subset_stride}th document", "quant_report": rep.to_dict(),
                         "quantise_s": time.time() - ta}
         bar.update()
