@@ -19,7 +19,7 @@ import torch
 
 from .format import BLOCK, dequant_int4_ref, pack_int4_b32
 from .gptq import gptq_pack_int4_b32, rtn_clip_pack_int4_b32
-from .quantize.hessian import hessian_hooks
+from .quantize.hessian import StopForward, hessian_hooks, stop_after
 from .quantize.layout import attention, decoder_layers, experts_of, model_arch
 
 # name -> packer(w [N, K], H [K, K]) -> (packed, scales); all emit int4-b32 bytes
@@ -104,9 +104,13 @@ def collect_hessians(model, batches, layers=None, device="cpu") -> dict:
     `layers`: decoder layer indices to hook (default all). Values: HessianAccumulator on `device`.
     The hook is `int4lab.quantize.hessian_hooks`, the one GPTQ calibration uses.
     """
-    with hessian_hooks(model, layers, device=device) as accs, torch.no_grad():
+    last = len(decoder_layers(model)) - 1 if layers is None else max(layers)
+    with hessian_hooks(model, layers, device=device) as accs, stop_after(model, last), torch.no_grad():
         for ids in batches:
-            model(input_ids=ids, use_cache=False)
+            try:
+                model(input_ids=ids, use_cache=False)
+            except StopForward:                  # the hooked layers have run; the rest adds nothing
+                pass
     return dict(accs)
 
 

@@ -344,6 +344,9 @@ def test_one_hessian_hook_serves_quantize_and_calib():
     m = tiny_model("qwen3_moe")
     ids = torch.randint(0, 256, (2, 16))
     accs = C.collect_hessians(m, [ids])
+    part = C.collect_hessians(m, [ids], layers=[0])          # stops after layer 0: same Hessians for it
+    assert set(part) == {k for k in accs if k.startswith("layers.0.")}
+    assert all(torch.equal(part[k].H, accs[k].H) for k in part)
     assert {k for k in accs if "self_attn" in k} == {f"layers.{li}.self_attn.{p}" for li in range(2)
                                                      for p in Q.ATTN_PROJ}
     xs = []

@@ -77,3 +77,25 @@ def hessian_hooks(model, layers=None, attn: bool = True, experts: bool = True, d
     finally:
         for h in handles:
             h.remove()
+
+
+class StopForward(Exception):
+    """Raised by `stop_after` to end a forward once the hooked layers have run."""
+
+
+@contextlib.contextmanager
+def stop_after(model, layer: int):
+    """Inside this block a forward of `model` stops (StopForward) when it reaches decoder layer `layer` + 1:
+    Hessians of the first layers need neither the rest of the model nor the lm_head."""
+    layers = decoder_layers(model)
+    if layer + 1 >= len(layers):
+        yield
+        return
+
+    def stop(_mod, _args):
+        raise StopForward
+    h = layers[layer + 1].register_forward_pre_hook(stop)
+    try:
+        yield
+    finally:
+        h.remove()
