@@ -8,7 +8,8 @@ The measure used throughout: for activations X [R, K] with H = 2/R · XᵀX,
     mean((X (Ŵ - W)ᵀ)²)  =  tr((Ŵ - W) H (Ŵ - W)ᵀ) / (2N)          (`output_mse` == `h_objective`),
 
 so a Hessian collected on held-out text measures every packer's output error without keeping X.
-The production calibration driver lives in `int4lab.quantize`; this module stays small and notebook-facing.
+The production calibration driver lives in `int4lab.quantize`, and both collect Hessians through its one
+hook (`int4lab.quantize.hessian_hooks`); this module stays small and notebook-facing.
 """
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ import math
 import torch
 
 from .format import BLOCK, dequant_int4_ref, pack_int4_b32
-from .gptq import HessianAccumulator, gptq_pack_int4_b32, rtn_clip_pack_int4_b32
+from .gptq import gptq_pack_int4_b32, rtn_clip_pack_int4_b32
+from .quantize.hessian import StopForward, hessian_hooks, stop_after
+from .quantize.layout import attention, decoder_layers, experts_of, model_arch
 
 # name -> packer(w [N, K], H [K, K]) -> (packed, scales); all emit int4-b32 bytes
 PACKERS = {
@@ -92,15 +95,6 @@ def compare_packers(w: torch.Tensor, H_calib: torch.Tensor, H_eval: torch.Tensor
 
 # ---- Hessians of a transformers MoE model (Mixtral / OLMoE / Qwen3-MoE, transformers 5 fused experts) ----
 
-ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
-
-
-def _is_experts(mod) -> bool:
-    # transformers 5 keeps all experts of a layer in one module: gate_up_proj [E, 2I, H], down_proj [E, H, I]
-    gu, dn = getattr(mod, "gate_up_proj", None), getattr(mod, "down_proj", None)
-    return isinstance(gu, torch.nn.Parameter) and gu.dim() == 3 and isinstance(dn, torch.nn.Parameter)
-
-
 def collect_hessians(model, batches, layers=None, device="cpu") -> dict:
     """Run `model` on `batches` (iterable of input_ids [B, T]) and accumulate a Hessian per weight.
 
@@ -108,64 +102,26 @@ def collect_hessians(model, batches, layers=None, device="cpu") -> dict:
     "layers.{l}.experts.{e}.gate_up" / ".down": expert e's gate_up input is the hidden rows the router sent
     to e (top-k ids from the experts module's call), its down input is act(gate) ⊙ up of those rows.
     `layers`: decoder layer indices to hook (default all). Values: HessianAccumulator on `device`.
+    The hook is `int4lab.quantize.hessian_hooks`, the one GPTQ calibration uses.
     """
-    accs, handles = {}, []
-
-    def acc(name, k):
-        if name not in accs:
-            accs[name] = HessianAccumulator(k, device=device)
-        return accs[name]
-
-    def attn_hook(name):
-        def hook(mod, args):
-            acc(name, mod.in_features).add(args[0].detach())
-        return hook
-
-    def experts_hook(prefix):
-        def hook(mod, args, kwargs):
-            hs = args[0] if args else kwargs["hidden_states"]
-            ids = args[1] if len(args) > 1 else kwargs["top_k_index"]
-            hs = hs.detach().reshape(-1, hs.shape[-1])
-            ids = ids.reshape(hs.shape[0], -1)
-            with torch.no_grad():
-                for e in range(mod.gate_up_proj.shape[0]):
-                    rows = (ids == e).any(-1)
-                    if not bool(rows.any()):
-                        continue
-                    xe = hs[rows]
-                    gate, up = torch.nn.functional.linear(xe, mod.gate_up_proj[e]).chunk(2, dim=-1)
-                    acc(f"{prefix}.{e}.gate_up", xe.shape[-1]).add(xe)
-                    hmid = mod.act_fn(gate) * up
-                    acc(f"{prefix}.{e}.down", hmid.shape[-1]).add(hmid)
-        return hook
-
-    for li, layer in enumerate(model.model.layers):
-        if layers is not None and li not in layers:
-            continue
-        for p in ATTN_PROJ:
-            mod = getattr(layer.self_attn, p)
-            handles.append(mod.register_forward_pre_hook(attn_hook(f"layers.{li}.self_attn.{p}")))
-        for mod in layer.mlp.modules():
-            if _is_experts(mod):
-                handles.append(mod.register_forward_pre_hook(experts_hook(f"layers.{li}.experts"),
-                                                             with_kwargs=True))
-    try:
-        with torch.no_grad():
-            for ids in batches:
+    last = len(decoder_layers(model)) - 1 if layers is None else max(layers)
+    with hessian_hooks(model, layers, device=device) as accs, stop_after(model, last), torch.no_grad():
+        for ids in batches:
+            try:
                 model(input_ids=ids, use_cache=False)
-    finally:
-        for h in handles:
-            h.remove()
-    return accs
+            except StopForward:                  # the hooked layers have run; the rest adds nothing
+                pass
+    return dict(accs)
 
 
 def model_weight(model, name: str) -> torch.Tensor:
     """The [N, K] weight a `collect_hessians` key refers to (expert gate_up is [2I, H], down [H, I])."""
+    arch = model_arch(model)
     parts = name.split(".")
-    layer = model.model.layers[int(parts[1])]
+    layer = decoder_layers(model)[int(parts[1])]
     if parts[2] == "self_attn":
-        return getattr(layer.self_attn, parts[3]).weight
-    experts = next(m for m in layer.mlp.modules() if _is_experts(m))
+        return getattr(attention(layer, arch), parts[3]).weight
+    experts = experts_of(layer, arch)
     e = int(parts[3])
     return experts.gate_up_proj[e] if parts[4] == "gate_up" else experts.down_proj[e]
 
@@ -234,3 +190,44 @@ def token_batches(tok, text: str, seq_len: int, n_seqs: int) -> torch.Tensor:
     if len(ids) < need:
         raise ValueError(f"text has {len(ids)} tokens, need seq_len * n_seqs = {need}")
     return torch.tensor(ids[:need], dtype=torch.long).reshape(n_seqs, seq_len)
+
+
+def calibration_ablation(model, calib_ids: torch.Tensor, eval_ids: torch.Tensor, sizes, damps=(0.01,),
+                         layers=(0,), min_rows=None) -> list[dict]:
+    """Held-out output error of GPTQ against round-to-nearest for each calibration size and damping.
+
+    calib_ids int64 [B, T]: the first `size // T` sequences calibrate; eval_ids [B', T] (other text) measure,
+    through `h_objective` on its Hessians. Experts with fewer than min_rows calibration rows (default: K of
+    their widest input, as `quantize_model`) fall back to round-to-nearest (ratio 1). One row per
+    (size, damp): {"tokens", "damp", "weights", "fallback", "min_rows_seen", "median gptq/rtn",
+    "gptq beats rtn"} over the expert weights of `layers`.
+    """
+    evals = collect_hessians(model, [eval_ids], layers)
+    T = calib_ids.shape[1]
+    out = []
+    for size in sizes:
+        cal = collect_hessians(model, [calib_ids[:max(size // T, 1)]], layers)
+        for damp in damps:
+            ratios, fallback, seen = [], 0, []
+            for name, b in evals.items():
+                if ".experts." not in name:
+                    continue
+                w = model_weight(model, name).detach().float().cpu()
+                layer, e = name.split(".")[1], name.split(".")[3]
+                rows = cal.get(f"layers.{layer}.experts.{e}.gate_up")
+                n = 0 if rows is None else rows.nsamples
+                gu = model_weight(model, f"layers.{layer}.experts.{e}.gate_up")
+                need = min_rows or max(gu.shape[1], model_weight(model, f"layers.{layer}.experts.{e}.down").shape[1])
+                seen.append(n)
+                rtn = h_objective(w, dequant_int4_ref(*pack_int4_b32(w), *w.shape), b.H)
+                if n < need:
+                    fallback += 1
+                    ratios.append(1.0)
+                    continue
+                g = dequant_int4_ref(*gptq_pack_int4_b32(w, cal[name].H, damp=damp), *w.shape)
+                ratios.append(h_objective(w, g, b.H) / rtn)
+            r = torch.tensor(ratios, dtype=torch.float64)
+            out.append({"tokens": min(size, calib_ids.numel()), "damp": damp, "weights": len(ratios),
+                        "fallback": fallback // 2, "min_rows_seen": min(seen), "median gptq/rtn": float(r.median()),
+                        "gptq beats rtn": float((r < 1).double().mean())})
+    return out

@@ -108,14 +108,15 @@ def test_int4_experts_kernel_path_matches_reference(monkeypatch):
     idx = torch.tensor([[0, 3], [2, 1], [3, 2]])
     wts = torch.softmax(torch.randn(3, 2), -1)
     ref = q(x, idx, wts)
-    monkeypatch.setattr(Q, "_use_kernels", lambda t: True)
+    q.kernels = True                                    # the module's own switch; no global state
     got = q(x, idx, wts)
     # same quantisation points and roundings: equal up to a rare one-ulp flip from fp32 summation order
     assert _close(got, ref, 2 ** -8)
     lins = {a: Int4Linear.from_linear(nn.Linear(64, 32, bias=False), a) for a in ("int8", "bf16")}
     xl = torch.randn(2, 64)
-    got_l = {a: m(xl) for a, m in lins.items()}
-    monkeypatch.setattr(Q, "_use_kernels", lambda t: False)
+    with Q.kernels_on_cpu(nn.ModuleList(lins.values())):
+        got_l = {a: m(xl) for a, m in lins.items()}
+    assert all(m.kernels is None for m in lins.values())            # restored on exit
     for a, m in lins.items():
         assert _close(got_l[a], m(xl), 2 ** -8), a
 
@@ -191,25 +192,25 @@ class _Recorder:
 
 
 def test_gptq_streams_layers_and_reports_fallbacks(monkeypatch):
-    import int4lab.gptq as G
+    import int4lab.quantize.hessian as Hk
     arch, E, L = "mixtral", 4, 2
     _Recorder.made = []
-    monkeypatch.setattr(G, "HessianAccumulator", _Recorder(G.HessianAccumulator))
+    monkeypatch.setattr(Hk, "HessianAccumulator", _Recorder(Hk.HessianAccumulator))
     calib = torch.randint(0, 256, (4, 32))
     min_rows = 30
     model, rep = quantize_model(tiny_model(arch, experts=E, layers=L), "gptq", "experts+attn", "int8",
                                 calib_ids=calib, min_rows=min_rows, progress=False)
     accs = _Recorder.made
-    assert len(accs) == L * (2 + 2 * E)                     # per layer: qkv, o, E gate_up, E down
+    per_layer = [accs[i * len(accs) // L:(i + 1) * len(accs) // L] for i in range(L)]
     rows = {(f["layer"], f["expert"]): f["rows"] for f in rep.fallback}
     assert rep.gptq_experts + len(rep.fallback) == L * E
+    assert [sum(r) for r in rep.rows] == [calib.numel() * 2] * L      # every token reaches top-2 experts
     for li in range(L):
-        gu = accs[li * (2 + 2 * E) + 2: li * (2 + 2 * E) + 2 + E]
-        assert sum(a.nsamples for a in gu) == calib.numel() * 2        # every token reaches top-2 experts
-        for e, a in enumerate(gu):
-            assert (a.nsamples < min_rows) == ((li, e) in rows)
+        assert len(per_layer[li]) == 4 + 2 * sum(n > 0 for n in rep.rows[li])   # q, k, v, o; routed experts
+        for e, n in enumerate(rep.rows[li]):
+            assert (n < min_rows) == ((li, e) in rows)
             if (li, e) in rows:
-                assert rows[(li, e)] == a.nsamples
+                assert rows[(li, e)] == n
     assert all(isinstance(layer.mlp.experts, Int4Experts) for layer in model.model.layers)
 
     # Streamed: layer 1 was calibrated on the outputs of the *quantised* layer 0. Recompute layer 1's
@@ -222,7 +223,7 @@ def test_gptq_streams_layers_and_reports_fallbacks(monkeypatch):
         h.remove()
         x = torch.cat([t.reshape(-1, t.shape[-1]).float() for t in xs])
         return 2 * x.t() @ x / x.shape[0]
-    H_stream = accs[1 * (2 + 2 * E)].H
+    H_stream = per_layer[1][0].H
     ref = qkv_hessian(model)
     src = qkv_hessian(tiny_model(arch, experts=E, layers=L))
     assert torch.allclose(H_stream, ref, rtol=1e-4, atol=1e-5 * ref.abs().max().item())
@@ -256,6 +257,10 @@ def test_quantize_model_bad_inputs():
         quantize_model(m, "rtn", calib_ids=torch.zeros(2, 8, dtype=torch.int64))
     with pytest.raises(ValueError, match="min_rows must be a positive int"):
         quantize_model(m, "rtn", min_rows=0)
+    with pytest.raises(ValueError, match="dither must be a number in"):
+        quantize_model(m, "rtn", dither=0.7)
+    with pytest.raises(ValueError, match="dither applies to scheme='rtn' only"):
+        quantize_model(m, "gptq", calib_ids=torch.zeros(2, 8, dtype=torch.int64), dither=0.1)
     with pytest.raises(ValueError, match="unsupported architecture 'llama'"):
         quantize_model(tiny_model("llama"), "rtn")
     with pytest.raises(ValueError, match="not a multiple of 32"):
@@ -300,3 +305,66 @@ def test_load_refuses_mismatches(tmp_path):
         load_quantized(tmp_path / "nope.safetensors", tiny_model("mixtral"))
     with pytest.raises(ValueError, match="not quantised"):
         save_quantized(tiny_model("mixtral"), tmp_path / "plain.safetensors")
+
+
+# ---------------------------------------------------------------------------------------------- lottery, hook
+
+def test_dithered_pack_is_seeded_and_moves_only_near_halves():
+    w = torch.randn(2, 16, 64)
+    p0, s0 = pack_int4_b32(w)
+    a = Q.dithered_pack(w, 0.1, torch.Generator().manual_seed(3))
+    b = Q.dithered_pack(w, 0.1, torch.Generator().manual_seed(3))
+    c = Q.dithered_pack(w, 0.1, torch.Generator().manual_seed(4))
+    assert torch.equal(a[0], b[0]) and not torch.equal(a[0], c[0])      # same seed, same bytes
+    assert torch.equal(a[1], s0)                                       # same scales as round-to-nearest
+    from int4lab.format import unpack_codes
+    q0, qa = unpack_codes(p0).double(), unpack_codes(a[0]).double()
+    x = (w.double().reshape(2, 16, 2, 32) / s0.double()[..., None]).reshape(2, 16, 64)
+    moved = q0 != qa
+    assert 0 < moved.double().mean() < 0.1                             # about dither / 2 of the codes
+    assert ((x - x.floor() - 0.5).abs()[moved] <= 0.1 + 1e-6).all()    # only where w / s sits near a half
+    assert ((qa - q0).abs() <= 1).all()
+    assert torch.equal(Q.dithered_pack(w, 0.0, torch.Generator())[0], p0)
+
+
+def test_quantize_model_lottery_ticket_reports_its_seed():
+    m1, r1 = quantize_model(tiny_model("olmoe"), "rtn", "experts+attn", dither=0.1, dither_seed=7, progress=False)
+    m2, _ = quantize_model(tiny_model("olmoe"), "rtn", "experts+attn", dither=0.1, dither_seed=7, progress=False)
+    m0, _ = quantize_model(tiny_model("olmoe"), "rtn", "experts+attn", progress=False)
+    assert r1.dither == 0.1 and r1.dither_seed == 7
+    a, b, c = m1.state_dict(), m2.state_dict(), m0.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["model.layers.0.mlp.experts.gate_up_packed"], c["model.layers.0.mlp.experts.gate_up_packed"])
+    assert not torch.equal(a["model.layers.0.self_attn.q_proj.packed"], c["model.layers.0.self_attn.q_proj.packed"])
+
+
+def test_one_hessian_hook_serves_quantize_and_calib():
+    # calib.collect_hessians (chapter 02) is the same hook GPTQ calibrates with: same keys, same rows.
+    from int4lab import calib as C
+    m = tiny_model("qwen3_moe")
+    ids = torch.randint(0, 256, (2, 16))
+    accs = C.collect_hessians(m, [ids])
+    part = C.collect_hessians(m, [ids], layers=[0])          # stops after layer 0: same Hessians for it
+    assert set(part) == {k for k in accs if k.startswith("layers.0.")}
+    assert all(torch.equal(part[k].H, accs[k].H) for k in part)
+    assert {k for k in accs if "self_attn" in k} == {f"layers.{li}.self_attn.{p}" for li in range(2)
+                                                     for p in Q.ATTN_PROJ}
+    xs = []
+    h = m.model.layers[1].mlp.experts.register_forward_pre_hook(lambda mod, a: xs.append(a), with_kwargs=False)
+    with torch.no_grad():
+        m(input_ids=ids, use_cache=False)
+    h.remove()
+    hs, idx = xs[0][0].reshape(-1, 64), xs[0][1]
+    e = int(idx[0, 0])
+    x = hs[(idx == e).any(-1)].double()
+    assert accs[f"layers.1.experts.{e}.gate_up"].nsamples == x.shape[0]
+    assert torch.allclose(accs[f"layers.1.experts.{e}.gate_up"].H.double(), 2 * x.t() @ x / x.shape[0], rtol=1e-4,
+                          atol=1e-6)
+    w = C.model_weight(m, f"layers.1.experts.{e}.down")
+    assert w.shape == (64, 64) and w.data_ptr() == m.model.layers[1].mlp.experts.down_proj[e].data_ptr()
+
+
+def test_swiglu_is_recognised_by_what_it_computes():
+    from int4lab.quantize.modules import _computes_silu
+    assert _computes_silu(nn.SiLU()) and _computes_silu(torch.nn.functional.silu)
+    assert not _computes_silu(nn.GELU()) and not _computes_silu(nn.ReLU())

@@ -4,7 +4,7 @@ import re
 
 def _dataset(split):
     import datasets
-    from int4lab.gate import documents
+    from int4lab.gate.texts import documents
     return datasets.DatasetDict({"test": datasets.Dataset.from_dict({"page": documents(split)})})
 
 

@@ -1,0 +1,98 @@
+"""`python -m int4lab.gate`: quantise, score every document of the test and ood texts, print one table,
+write data/receipts/gate_<model>.json."""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+from ..paths import RECEIPTS
+from ..quantize import ACTS, SCHEMES, TARGETS
+from .run import DITHER, check_budget, plan_arms, run_gate
+from .table import format_table
+from .texts import TEXTS
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def receipt_path(name: str) -> Path:
+    return RECEIPTS / f"gate_{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}.json"
+
+
+def parser() -> argparse.ArgumentParser:
+    from . import __doc__ as doc
+    ap = argparse.ArgumentParser(prog="python -m int4lab.gate", description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True,
+                    help="a tiny model name (mixtral, olmoe, qwen3_moe) or a HF checkpoint dir")
+    ap.add_argument("--scheme", nargs="+", choices=SCHEMES, default=["rtn"],
+                    help="rtn = round-to-nearest (always run: the baseline); gptq adds --calib-draws GPTQ packs")
+    ap.add_argument("--targets", nargs="+", choices=TARGETS, default=["experts"])
+    ap.add_argument("--act", nargs="+", choices=ACTS, default=["int8"],
+                    help="int8 = W4A8 (x quantised per 32: s = amax/127), bf16 = W4A16")
+    ap.add_argument("--budget", type=float, default=0.01,
+                    help="largest allowed relative perplexity increase ppl_q / ppl_source - 1 (default 0.01 = 1%%)")
+    ap.add_argument("--texts", nargs="+", choices=TEXTS, default=list(TEXTS))
+    ap.add_argument("--window", type=int, default=None,
+                    help="inputs per scoring window (default: the model's trained context)")
+    ap.add_argument("--batch", type=int, default=16, help="windows per forward")
+    ap.add_argument("--lottery", type=int, default=4, help="dithered round-to-nearest re-packs (0: none)")
+    ap.add_argument("--dither", type=float, default=DITHER, help="lottery dither amplitude, units of the scale")
+    ap.add_argument("--calib-draws", type=int, default=3, help="GPTQ packs, each on its own calibration draw")
+    ap.add_argument("--calib-tokens", type=int, default=16384, help="calibration tokens per draw (train split)")
+    ap.add_argument("--calib-len", type=int, default=None, help="calibration sequence length (default: --window)")
+    ap.add_argument("--min-rows", type=int, default=None,
+                    help="an expert routed fewer calibration rows is packed round-to-nearest (default: K)")
+    ap.add_argument("--damp", type=float, default=0.01, help="GPTQ dampening, fraction of mean diag(H)")
+    ap.add_argument("--boot", type=int, default=2000, help="bootstrap resamples")
+    ap.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    ap.add_argument("--subset-stride", type=int, default=4,
+                    help="lottery tickets and calibration draws after the first score every n-th document")
+    ap.add_argument("--floor-stride", type=int, default=16, help="the precision floor scores every n-th document")
+    ap.add_argument("--max-docs", type=int, default=None, help="first n documents per text only (quick runs)")
+    ap.add_argument("--no-floor", action="store_true", help="skip the bf16-vs-fp32 precision floor")
+    ap.add_argument("--parity-steps", type=int, default=4,
+                    help="decode steps of the kernel-parity check (0: skip; Triton's interpreter on a CPU)")
+    ap.add_argument("--tasks", nargs="+", default=[],
+                    help="lm-eval tasks to score too, e.g. wikitext (token-level perplexity per document)")
+    ap.add_argument("--limit", type=int, default=None, help="lm-eval documents per task (default: all)")
+    ap.add_argument("--dtype", choices=tuple(_DTYPES), default=None,
+                    help="source precision (default float32 on a CPU, bfloat16 on CUDA)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device-map", default=None, help="accelerate device_map for checkpoints, e.g. auto")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--out", default=None, help="receipt path (default data/receipts/gate_<model>.json)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    from ..receipts import write_receipt
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = _DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if str(args.device).startswith("cuda")
+                                                    else torch.float32)
+    try:
+        check_budget(args.budget)
+        arms = plan_arms(args.scheme, args.targets, args.act, args.lottery, args.calib_draws, args.dither)
+        payload = run_gate(args.model, arms, budget=args.budget, dtype=dtype, device=args.device,
+                           device_map=args.device_map, texts=args.texts, window=args.window, batch=args.batch,
+                           floor=not args.no_floor, calib_tokens=args.calib_tokens, calib_len=args.calib_len,
+                           min_rows=args.min_rows, damp=args.damp, n_boot=args.boot, seed=args.seed,
+                           parity_steps=args.parity_steps, max_docs=args.max_docs,
+                           subset_stride=args.subset_stride, floor_stride=args.floor_stride, tasks=args.tasks,
+                           limit=args.limit,
+                           progress=not args.quiet)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    path = Path(args.out) if args.out else receipt_path(payload["model"])
+    args_line = " ".join(argv if argv is not None else sys.argv[1:])
+    write_receipt(path, payload, command=f"python -m int4lab.gate {args_line}")
+    print(format_table(payload))
+    print(f"receipt: {path}")
+    return 0

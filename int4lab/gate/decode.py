@@ -1,0 +1,80 @@
+"""The decode instrument, kept as a kernel-parity check: teacher-forced decode through the KV cache.
+
+Shape legend: W = windows, P = prompt tokens, S = scored decode steps, V = vocabulary.
+
+A prompt of P tokens, then S steps of one token each through the cache: on CUDA every scored logit comes
+from the decode kernels (rows of one token), which a full forward never reaches; on the CPU
+`kernels=True` sends the steps through the same kernels in Triton's interpreter (slow: a short window).
+`parity` asserts that these log-probabilities equal the full forward of the same quantised model within
+PARITY_TOL: same quantisation points, same bf16 roundings, so only a rare one-ulp flip may differ.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..quantize import kernels_on_cpu
+
+PARITY_TOL = 0.05          # nats, max |log p| difference; a flipped bf16 rounding of one logit moves ~1e-2
+
+
+def _input_device(model):
+    return model.get_input_embeddings().weight.device
+
+
+def decode_windows(tok, text: str, windows: int, prompt: int, steps: int) -> torch.Tensor:
+    """int64 [W, P + S + 1]: W windows spread evenly over the tokenised text."""
+    for name, v in (("windows", windows), ("prompt", prompt), ("steps", steps)):
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    ids = torch.tensor(tok(text, add_special_tokens=False, verbose=False)["input_ids"], dtype=torch.int64)
+    L = prompt + steps + 1
+    if ids.numel() < L * windows:
+        raise ValueError(f"text has {ids.numel()} tokens, fewer than windows * (prompt + steps + 1) = {L * windows}")
+    starts = torch.linspace(0, ids.numel() - L, windows).long()
+    return torch.stack([ids[s:s + L] for s in starts.tolist()])
+
+
+@torch.no_grad()
+def decode_logprobs(model, windows: torch.Tensor, prompt: int, kernels: bool = False) -> torch.Tensor:
+    """float32 [W, S, V] log-probabilities: prefill windows[:, :P], then one token per forward with the cache.
+
+    Step i feeds token P + i and scores the prediction of token P + i + 1. kernels=True sends the scored
+    steps of a CPU model's int4 modules through int4lab.kernels (on CUDA they run there regardless).
+    """
+    dev = _input_device(model)
+    W, L = windows.shape
+    out = []
+    for w in range(W):
+        ids = windows[w:w + 1].to(dev)
+        past = model(input_ids=ids[:, :prompt], use_cache=True).past_key_values
+        steps = []
+        for i in range(L - prompt - 1):
+            with kernels_on_cpu(model, True) if kernels else contextlib.nullcontext():
+                o = model(input_ids=ids[:, prompt + i:prompt + i + 1], past_key_values=past, use_cache=True)
+            past = o.past_key_values
+            steps.append(torch.log_softmax(o.logits[0, -1].float(), -1).cpu())
+        out.append(torch.stack(steps))
+    return torch.stack(out)
+
+
+@torch.no_grad()
+def full_forward_logprobs(model, windows: torch.Tensor, prompt: int) -> torch.Tensor:
+    """The same [W, S, V] log-probabilities as `decode_logprobs` from one full forward (no cache)."""
+    L = windows.shape[1]
+    logits = model(input_ids=windows[:, :L - 1].to(_input_device(model)), use_cache=False).logits
+    return torch.log_softmax(logits[:, prompt:].float(), -1).cpu()
+
+
+def parity(model, windows: torch.Tensor, prompt: int, kernels: bool = True, tol: float = PARITY_TOL) -> dict:
+    """Decode through the kernels vs the full forward of the same model: max |Δ log p|, top-1 agreement.
+    Raises AssertionError past tol (the instrument and the statistical forward would disagree)."""
+    dec = decode_logprobs(model, windows, prompt, kernels=kernels)
+    full = full_forward_logprobs(model, windows, prompt)
+    d = (dec - full).abs().max().item()
+    out = {"steps": int(dec.shape[0] * dec.shape[1]), "max_abs_logprob": d, "tol": tol, "kernels": bool(kernels),
+           "top1_agreement": (dec.argmax(-1) == full.argmax(-1)).float().mean().item()}
+    if not d <= tol:
+        raise AssertionError(f"decode through the kernels differs from the full forward by {d:.3g} nats > {tol}")
+    return out

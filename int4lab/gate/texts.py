@@ -1,0 +1,136 @@
+"""The gate's texts: corpus splits cut into documents, documents cut into windows of the trained context,
+and calibration sequences from the train split.
+
+Shape legend: W = windows, L = window length (<= the model's trained context), B = calibration sequences,
+T = tokens per calibration sequence.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+import torch
+
+TEXTS = ("test", "ood")                 # held-out Shakespeare plays (in domain), King James Bible (out of domain)
+IN_DOMAIN = ("test",)
+
+
+def documents(split: str, doc_chars: int = 4096) -> list[str]:
+    """The corpus split cut at blank lines into documents of at least doc_chars characters (last may be short)."""
+    from ..corpus import load_split
+    if not isinstance(doc_chars, int) or doc_chars <= 0:
+        raise ValueError(f"doc_chars must be a positive int, got {doc_chars!r}")
+    docs, cur = [], []
+    n = 0
+    for para in re.split(r"\n\s*\n", load_split(split)):
+        cur.append(para)
+        n += len(para) + 2
+        if n >= doc_chars:
+            docs.append("\n\n".join(cur))
+            cur, n = [], 0
+    if cur:
+        docs.append("\n\n".join(cur))
+    return docs
+
+
+def token_sha(ids) -> str:
+    """sha256 of a token stream (int64 little-endian), short form: arms that scored different ids differ here."""
+    t = torch.as_tensor(ids, dtype=torch.int64).flatten().cpu().contiguous()
+    return hashlib.sha256(t.numpy().tobytes()).hexdigest()[:16]
+
+
+def trained_context(model_name: str, config=None) -> int:
+    """Longest window the model was trained on: the training receipt's seq_len for a tiny model,
+    else the config's max_position_embeddings."""
+    from ..paths import RECEIPTS
+    path = RECEIPTS / f"train_{model_name}.json"
+    if path.exists():
+        return int(json.loads(path.read_text())["training"]["seq_len"])
+    n = getattr(config, "max_position_embeddings", None)
+    if not isinstance(n, int) or n < 2:
+        raise ValueError(f"cannot tell the trained context of {model_name!r}: no training receipt and no "
+                         "config.max_position_embeddings; pass --window")
+    return n
+
+
+class Windows:
+    """Every token of every document after its first, scored exactly once, by windows of at most L inputs.
+
+    ids int64 [W, L + 1] (right-padded with 0), n int64 [W] (real tokens per window), doc int64 [W]
+    (document index). Window j of a document holds tokens jL .. jL + L of it; the model reads its first L
+    and predicts tokens 1.. of it, so a scored token sees between 1 and L tokens of its own document.
+    """
+
+    def __init__(self, tok, docs: list[str], L: int):
+        if not isinstance(L, int) or isinstance(L, bool) or L < 1:
+            raise ValueError(f"window must be a positive int, got {L!r}")
+        if not docs:
+            raise ValueError("docs must hold at least one document")
+        rows, n, doc = [], [], []
+        streams = []
+        for d, text in enumerate(docs):
+            ids = tok(text, add_special_tokens=False, verbose=False)["input_ids"]
+            streams.append(ids)
+            for s in range(0, max(len(ids) - 1, 0), L):
+                piece = ids[s:s + L + 1]
+                rows.append(piece + [0] * (L + 1 - len(piece)))
+                n.append(len(piece))
+                doc.append(d)
+        self.ids = torch.tensor(rows, dtype=torch.int64)
+        self.n = torch.tensor(n, dtype=torch.int64)
+        self.doc = torch.tensor(doc, dtype=torch.int64)
+        self.docs = len(docs)
+        self.L = L
+        self.sha = token_sha([i for s in streams for i in s])
+
+    @property
+    def tokens(self) -> int:
+        """Scored tokens (predictions)."""
+        return int((self.n - 1).sum())
+
+    def subset(self, stride: int) -> "Windows":
+        """The windows of every stride-th document (doc % stride == 0), keeping their document indices."""
+        if not isinstance(stride, int) or isinstance(stride, bool) or stride < 1:
+            raise ValueError(f"stride must be a positive int, got {stride!r}")
+        keep = self.doc % stride == 0
+        sub = object.__new__(Windows)
+        sub.ids, sub.n, sub.doc, sub.L = self.ids[keep], self.n[keep], self.doc[keep], self.L
+        sub.docs = int(keep.any() and len(torch.unique(self.doc[keep])))
+        sub.sha = token_sha(torch.cat([self.ids[keep].flatten(), self.n[keep]]))
+        return sub
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def scored_mask(self) -> torch.Tensor:
+        """bool [W, L]: which predictions of each window are real (not padding)."""
+        return torch.arange(self.L).unsqueeze(0) < (self.n - 1).unsqueeze(1)
+
+
+def split_ids(tok, split: str = "train") -> torch.Tensor:
+    """int64 [n]: a corpus split as one token stream."""
+    from ..corpus import load_split
+    return torch.tensor(tok(load_split(split), add_special_tokens=False, verbose=False)["input_ids"],
+                        dtype=torch.int64)
+
+
+def calibration_ids(tok, tokens: int, seq_len: int, seed: int = 0, split: str = "train",
+                    stream: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 [tokens // seq_len, seq_len]: sequences of consecutive tokens at seeded random starts in a split.
+
+    Different seeds draw different calibration sets from the same text (the gate's calibration draws).
+    stream: the split already tokenised (`split_ids`), to tokenise it once for several draws.
+    """
+    for name, v in (("tokens", tokens), ("seq_len", seq_len)):
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if tokens < seq_len:
+        raise ValueError(f"tokens ({tokens}) must be at least seq_len ({seq_len})")
+    ids = split_ids(tok, split) if stream is None else stream
+    B = tokens // seq_len
+    if ids.numel() < tokens:
+        raise ValueError(f"split {split!r} has {ids.numel()} tokens, fewer than the {tokens} asked for")
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, ids.numel() - seq_len + 1, (B,), generator=g)
+    return torch.stack([ids[s:s + seq_len] for s in starts.tolist()])
