@@ -437,17 +437,9 @@ def train_table(receipts=RECEIPTS) -> str:
 
 
 def gate_table(receipts=RECEIPTS) -> str:
-    """One line per (model, arm): the gate's overall verdict and its calibration verdict where it has one."""
-    from .gate import summary_rows
-    lines = ["| model | arm | verdict | calibration verdict | receipt |", "|---|---|---|---|---|"]
-    for path in sorted(Path(receipts).glob("gate_*.json")):
-        r = read_receipt(path)
-        seen = {}
-        for row in summary_rows(r):
-            seen.setdefault(row["arm"], (row["overall"], row["calibration"] or "–"))
-        for arm, (overall, cal) in seen.items():
-            lines.append(_line([r["model"], arm, overall, cal, f"`{path.name}`"]))
-    return "\n".join(lines)
+    """The gate receipts' table: Δ% [95 % CI] per text, PASS / FAIL / UNDECIDED, lottery and calibration."""
+    from .gate.table import render_gate_table
+    return render_gate_table(receipts)
 
 
 def pack_table(receipts=RECEIPTS) -> str:

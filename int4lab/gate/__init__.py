@@ -24,7 +24,7 @@ from .models import load_model
 from .run import DITHER, Arm, plan_arms, run_gate
 from .score import PerToken, score_models
 from .stats import calibration_judgement, lottery_spread, paired_ci, tokens_to_decide, verdict
-from .table import format_table, render_gate_table, rows, summary_rows
+from .table import format_table, render_gate_table, rows
 from .texts import IN_DOMAIN, TEXTS, Windows, calibration_ids, documents, token_sha, trained_context
 from .cli import main, receipt_path
 
@@ -32,4 +32,4 @@ __all__ = ["DITHER", "IN_DOMAIN", "PARITY_TOL", "TEXTS", "Arm", "PerToken", "Win
            "calibration_judgement", "decode_logprobs", "decode_windows", "documents", "format_table",
            "full_forward_logprobs", "load_model", "lottery_spread", "main", "paired_ci", "parity", "plan_arms",
            "receipt_path", "render_gate_table", "rows", "run_gate", "score_models", "token_sha",
-           "summary_rows", "tokens_to_decide", "trained_context", "verdict"]
+           "tokens_to_decide", "trained_context", "verdict"]

@@ -71,13 +71,3 @@ def render_gate_table(receipts_dir) -> str:
                                           + [f"{lot['texts'][t]['spread']:.2%}" if t in lot["texts"] else "–"
                                              for t in texts] + ["", "", f"`{p.name}`"]) + " |")
     return "\n".join(lines)
-
-
-def summary_rows(payload: dict) -> list[dict]:
-    """One dict per (arm, text) with the arm's verdict ("overall") and, for a calibrated arm, the calibration
-    judgement of its scheme ("calibration"); the shape `int4lab.report` reads until it uses render_gate_table."""
-    cal = {s: c["judgement"]["verdict"] for s, c in payload.get("calibration", {}).items()}
-    return [{"model": payload["model"], "arm": name, "text": t, "rel": c["rel"]["value"],
-             "overall": a["verdict"]["verdict"],
-             "calibration": cal.get(name.split(" ")[0]) if a["kind"] == "gptq" else None}
-            for name, a in payload["arms"].items() for t, c in a["texts"].items()]
