@@ -126,25 +126,30 @@ def model_weight(model, name: str) -> torch.Tensor:
     return experts.gate_up_proj[e] if parts[4] == "gate_up" else experts.down_proj[e]
 
 
-def layer_error_table(model, calib_batches, eval_batches, layers=None, methods=tuple(PACKERS),
-                      min_rows: int = 64) -> list[dict]:
-    """One row per weight of `model`: output MSE of every packer on held-out rows, relative to RTN.
-
-    Hessians from `calib_batches` feed the packers, Hessians from `eval_batches` measure them. Weights with
-    fewer than `min_rows` calibration or evaluation rows (rarely routed experts), or K not a multiple of 32,
-    are skipped.
-    Row: {"name", "N", "K", "rows", "<method>": output MSE, "<method>/rtn": ratio}.
-    """
+def paired_hessians(model, calib_batches, eval_batches, layers=None, min_rows: int = 64):
+    """Yield (name, w [N, K] float32, H_calib, H_eval, calibration rows) for every weight of `model` that has
+    at least `min_rows` calibration and evaluation rows and K a multiple of 32 (rarely routed experts skip)."""
     calib = collect_hessians(model, calib_batches, layers)
     evals = collect_hessians(model, eval_batches, layers)
-    table = []
     for name, a in calib.items():
         b = evals.get(name)
         if b is None or a.nsamples < min_rows or b.nsamples < min_rows or a.in_features % BLOCK:
             continue
-        w = model_weight(model, name).detach().float().cpu()
-        res = compare_packers(w, a.H.cpu(), b.H.cpu(), methods)
-        row = {"name": name, "N": w.shape[0], "K": w.shape[1], "rows": a.nsamples}
+        yield name, model_weight(model, name).detach().float().cpu(), a.H.cpu(), b.H.cpu(), a.nsamples
+
+
+def layer_error_table(model, calib_batches, eval_batches, layers=None, methods=tuple(PACKERS),
+                      min_rows: int = 64) -> list[dict]:
+    """One row per weight of `model`: output MSE of every packer on held-out rows, relative to RTN.
+
+    Hessians from `calib_batches` feed the packers, Hessians from `eval_batches` measure them
+    (`paired_hessians` says which weights are skipped).
+    Row: {"name", "N", "K", "rows", "<method>": output MSE, "<method>/rtn": ratio}.
+    """
+    table = []
+    for name, w, Hc, He, rows in paired_hessians(model, calib_batches, eval_batches, layers, min_rows):
+        res = compare_packers(w, Hc, He, methods)
+        row = {"name": name, "N": w.shape[0], "K": w.shape[1], "rows": rows}
         for m in methods:
             row[m] = res[m]["output_mse"]
             row[f"{m}/rtn"] = res[m]["output_mse"] / res["rtn"]["output_mse"] if "rtn" in res else float("nan")

@@ -18,7 +18,7 @@ import inspect
 
 import torch
 
-from .calib import PACKERS, collect_hessians, h_objective, model_weight, synthetic_activations
+from .calib import PACKERS, h_objective, paired_hessians, synthetic_activations
 from .format import BLOCK, dequant_int4_ref, pack_int4_b32
 from .gptq import HessianAccumulator, gptq_pack_int4_b32
 
@@ -125,18 +125,11 @@ def ablation(N: int, K: int, rows_list, damps, seeds, skew: float, shared: float
 
 def layer_map(model, calib_batches, eval_batches, layers=None, methods=tuple(PACKERS), min_rows: int = 64) -> list[dict]:
     """`calib.layer_error_table`'s rows (so `calib.summarise` reads them), plus where each weight sits on the map
-    and its in-sample ratios: extra keys "erank", "skew", "in:<method>/rtn". Hessians from `calib.collect_hessians`."""
-    cal = collect_hessians(model, calib_batches, layers)
-    ev = collect_hessians(model, eval_batches, layers)
+    and its in-sample ratios: extra keys "erank", "skew", "in:<method>/rtn". Hessians from `calib.paired_hessians`."""
     table = []
-    for name, a in cal.items():
-        b = ev.get(name)
-        if b is None or a.nsamples < min_rows or b.nsamples < min_rows or a.in_features % BLOCK:
-            continue
-        w = model_weight(model, name).detach().float().cpu()
-        Hc, He = a.H.cpu(), b.H.cpu()
+    for name, w, Hc, He, rows in paired_hessians(model, calib_batches, eval_batches, layers, min_rows):
         res = packer_errors(w, Hc, He, methods)
-        row = {"name": name, "N": w.shape[0], "K": w.shape[1], "rows": a.nsamples,
+        row = {"name": name, "N": w.shape[0], "K": w.shape[1], "rows": rows,
                "erank": effective_rank_frac(Hc), "skew": channel_skew(Hc)}
         for m in methods:
             row[m] = res[m]["out"]
