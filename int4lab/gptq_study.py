@@ -19,7 +19,7 @@ import inspect
 import torch
 
 from .calib import PACKERS, h_objective, paired_hessians, synthetic_activations
-from .format import BLOCK, dequant_int4_ref, pack_int4_b32
+from .format import dequant_int4_ref, pack_int4_b32
 from .gptq import HessianAccumulator, gptq_pack_int4_b32
 
 
