@@ -76,6 +76,20 @@ def quant_rows_kernel(
     tl.store(s_ptr + r * (K // 32) + kb, s, mask=kb < K // 32)
 
 
+def _quantise_rows(src, K: int, q, s, swiglu: bool):
+    """Launch quant_rows_kernel over src's rows (K codes per row, from src [R, K] or [R, 2K] gate | up)."""
+    check_rows_contiguous("x" if not swiglu else "h", src)
+    dev = check_devices(**{"h" if swiglu else "x": src})
+    R = src.shape[0]
+    q = check_out("q", q, (R, K), torch.int8, dev)
+    s = check_out("s", s, (R, K // 32), torch.float32, dev)
+    bk = _plan.row_block(dev)
+    if R:
+        quant_rows_kernel[(R, triton.cdiv(K, bk))](src, q, s, K, src.stride(0), BLOCK_K=bk, SWIGLU=swiglu,
+                                                   USE_ASM=not interpreting())
+    return q, s
+
+
 def quant_x_rows(x: torch.Tensor, q: torch.Tensor | None = None, s: torch.Tensor | None = None):
     """x [R, K] fp32/fp16/bf16 -> (int8 [R, K], float32 [R, K/32]), bit-identical to quant_x_rows_ref.
 
@@ -84,16 +98,7 @@ def quant_x_rows(x: torch.Tensor, q: torch.Tensor | None = None, s: torch.Tensor
     """
     check_tensor("x", x, FLOAT_DTYPES, (2,))
     check_k("x.shape[-1] (K)", x.shape[-1])
-    check_rows_contiguous("x", x)
-    dev = check_devices(x=x)
-    R, K = x.shape
-    q = check_out("q", q, (R, K), torch.int8, dev)
-    s = check_out("s", s, (R, K // 32), torch.float32, dev)
-    bk = _plan.row_block(dev)
-    if R:
-        quant_rows_kernel[(R, triton.cdiv(K, bk))](x, q, s, K, x.stride(0), BLOCK_K=bk, SWIGLU=False,
-                                                         USE_ASM=not interpreting())
-    return q, s
+    return _quantise_rows(x, x.shape[1], q, s, swiglu=False)
 
 
 def swiglu_quant_rows(h: torch.Tensor, q: torch.Tensor | None = None, s: torch.Tensor | None = None):
@@ -105,17 +110,8 @@ def swiglu_quant_rows(h: torch.Tensor, q: torch.Tensor | None = None, s: torch.T
     check_tensor("h", h, FLOAT_DTYPES, (2,))
     if h.shape[-1] % 64:
         raise ValueError(f"h.shape[-1] (2I) must be a positive multiple of 64, got {h.shape[-1]}")
-    check_rows_contiguous("h", h)
-    dev = check_devices(h=h)
-    R, I = h.shape[0], h.shape[1] // 2
-    check_k("h.shape[-1] / 2 (I)", I)
-    q = check_out("q", q, (R, I), torch.int8, dev)
-    s = check_out("s", s, (R, I // 32), torch.float32, dev)
-    bk = _plan.row_block(dev)
-    if R:
-        quant_rows_kernel[(R, triton.cdiv(I, bk))](h, q, s, I, h.stride(0), BLOCK_K=bk, SWIGLU=True,
-                                                          USE_ASM=not interpreting())
-    return q, s
+    check_k("h.shape[-1] / 2 (I)", h.shape[1] // 2)
+    return _quantise_rows(h, h.shape[1] // 2, q, s, swiglu=True)
 
 
 def swiglu_quant_rows_ref(h: torch.Tensor):
