@@ -335,11 +335,11 @@ def read_q4_0_decoded(path) -> dict:
 # ----------------------------------------------------------------------------------------------------
 # Command line
 
-def build_model(model: str, scheme: str | None, targets: str = "experts", *, calib_seqs: int = 16,
-                calib_len: int = 128, progress: bool = False):
+def build_model(model: str, scheme: str | None, targets: str = "experts", *, calib_tokens: int = 16384,
+                calib_len: int = 256, progress: bool = False):
     """(model fp32 on the CPU, tokenizer, short name): the source, or quantised by `quantize_model`
     (scheme "rtn" | "gptq"; W4A8, the activation mode llama.cpp's CPU path runs). GPTQ calibrates on the
-    training split as the gate does (calib_seqs x calib_len tokens)."""
+    training split as the gate does (calib_tokens in windows of calib_len; the gate's defaults)."""
     from .gate import calibration_ids, load_model
     from .quantize import quantize_model
     m, tok, name = load_model(model, torch.float32, "cpu")
@@ -347,7 +347,7 @@ def build_model(model: str, scheme: str | None, targets: str = "experts", *, cal
         return m, tok, name
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-    calib = calibration_ids(tok, calib_seqs, calib_len) if scheme == "gptq" else None
+    calib = calibration_ids(tok, calib_tokens, calib_len) if scheme == "gptq" else None
     m, _ = quantize_model(m, scheme, targets, "int8", calib_ids=calib, progress=progress)
     return m, tok, name
 
@@ -360,12 +360,12 @@ def main(argv=None) -> int:
     ap.add_argument("--targets", choices=TARGETS, default="experts")
     ap.add_argument("--source", action="store_true", help="write the unquantised model instead (reference)")
     ap.add_argument("--ftype", choices=FLOAT_TYPES, default="f32", help="type of the weights that are not packs")
-    ap.add_argument("--calib-seqs", type=int, default=16)
-    ap.add_argument("--calib-len", type=int, default=128)
+    ap.add_argument("--calib-tokens", type=int, default=16384, help="GPTQ calibration tokens (train split)")
+    ap.add_argument("--calib-len", type=int, default=256, help="calibration window (the trained context)")
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args(argv)
     m, _, name = build_model(args.model, None if args.source else args.scheme, args.targets,
-                             calib_seqs=args.calib_seqs, calib_len=args.calib_len, progress=True)
+                             calib_tokens=args.calib_tokens, calib_len=args.calib_len, progress=True)
     label = "source" if args.source else f"{args.scheme}-{args.targets}"
     path = write_gguf(m, args.out, name=f"{name}-{label}", ftype=args.ftype)
     nq = len(expected_q4_0(m))

@@ -156,7 +156,7 @@ CASES = [(a, s) for a in il.models.ARCHS for s in ("rtn", "gptq")]
 
 @pytest.mark.parametrize("arch,scheme", CASES, ids=[f"{a}-{s}" for a, s in CASES])
 def test_export_q4_0_decodes_bit_for_bit(arch, scheme, tmp_path):
-    m, _, _ = ex.build_model(arch, scheme, "experts+attn", calib_seqs=4, calib_len=64)
+    m, _, _ = ex.build_model(arch, scheme, "experts+attn", calib_tokens=256, calib_len=64)
     path = ex.write_gguf(m, tmp_path / f"{arch}.gguf")
     decoded = ex.read_q4_0_decoded(path)
     expected = ex.expected_q4_0(m)
