@@ -4,7 +4,6 @@ The reference here is a deliberately naive per-element re-reading of the spec (n
 Python loops) that shares no code with int4lab.format, so a bug in a shared helper cannot hide.
 Shape legend: E = experts, N = out features, K = in features, R = activation rows.
 """
-import math
 
 import numpy as np
 import pytest

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from int4lab import gate
-from int4lab.gate import stats
-from int4lab.quantize import Scheme, quantize_model
+from int4lab.quantize import quantize_model
 
 from test_quantize import tiny_model
 
