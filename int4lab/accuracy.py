@@ -22,7 +22,7 @@ from .kernels import gemv as _gemv
 from .kernels import plan as _plan
 from .kernels.gemv import X_SWIGLU, _launch_gemv, gemv_int4_b32, gemv_ref, int4_linear
 from .kernels.grouped import build_group_tiles, gemm_int4_b32_grouped
-from .kernels.moe import combine_rows, moe_decode_grouped, moe_decode_ref, moe_decode_step
+from .kernels.moe import combine_rows, moe_decode_grouped, moe_decode_ref, moe_decode_routed
 from .kernels.quant import quant_x_rows
 from .kernels.reduce import reduce_partials
 
@@ -62,15 +62,14 @@ def linear_case(R, N, K, device, act):
     return _row(f"int4_linear act={act}", f"R{R} {N}x{K}", out, (xd @ w.T).float())
 
 
-def grouped_case(L, N, K, E, device, block_m=16):
+def grouped_case(L, N, K, E, device, block_m=4):
     p, s = (t.to(device) for t in pack_int4_b32(torch.randn(E, N, K) * 0.1))
     ids = torch.randint(0, E, (L,), dtype=torch.int32, device=device)
     t = build_group_tiles(ids, E, block_m)
     xq, xs = quant_x_rows(torch.randn(L, K).bfloat16().to(device))
-    o = t.order.long()
-    out = gemm_int4_b32_grouped(xq[o], xs[o], p, s, t.row0, t.rows, t.group, out=_poisoned((L, N), device),
-                                block_m=block_m)
-    return _row("gemm_int4_b32_grouped", f"L{L} {N}x{K} E{E}", out, gemv_ref(xq[o], xs[o], p, s, ids[o], N, K))
+    out = gemm_int4_b32_grouped(xq, xs, p, s, t, out=_poisoned((L, N), device))
+    return _row("gemm_int4_b32_grouped", f"L{L} {N}x{K} E{E} block_m={block_m}", out,
+                gemv_ref(xq, xs, p, s, ids, N, K))
 
 
 def moe_case(T, A, E, H, I, device, grouped=False):
@@ -79,7 +78,7 @@ def moe_case(T, A, E, H, I, device, grouped=False):
     x = torch.randn(T, H).bfloat16().to(device)
     ids = torch.stack([torch.randperm(E)[:A] for _ in range(T)]).int().to(device)
     tw = torch.softmax(torch.randn(T, A), -1).to(device)
-    fn = moe_decode_grouped if grouped else moe_decode_step
+    fn = moe_decode_grouped if grouped else moe_decode_routed
     out = fn(x, ids, tw, gp, gs, dp, ds)
     return _row(fn.__name__, f"T{T} A{A} E{E} H{H} I{I}", out, moe_decode_ref(x, ids, tw, gp, gs, dp, ds))
 

@@ -15,13 +15,15 @@ from conftest import poison
 import int4lab as il
 from int4lab.format import quant_x_rows_ref
 from int4lab.kernels import (build_group_tiles, combine_rows, gemm_int4_b32_grouped, gemv_int4_b32, gemv_plan,
-                             int4_linear, moe_decode_grouped, moe_decode_step, quant_x_rows, reduce_partials,
-                             swiglu_quant_rows)
+                             int4_linear, moe_decode_grouped, moe_decode_routed, moe_decode_step, quant_x_rows,
+                             reduce_partials, swiglu_quant_rows)
 from int4lab import _checks as _validate
 from int4lab.kernels import gemv as gemv_mod
 from int4lab.kernels.gemv import X_FLOAT, X_SWIGLU, _launch_gemv, gemv_ref
 from int4lab.kernels.moe import moe_decode_ref
-from int4lab.kernels.plan import MMA_PLAN, GemvPlan, choose_split_k, resolve
+from int4lab.kernels import plan as plan_mod
+from int4lab.kernels.grouped import MAX_ROUTED_ROWS, build_group_tiles_ref, grouped_ref
+from int4lab.kernels.plan import MMA_PLAN, GemvPlan, GroupedPlan, choose_split_k, resolve
 from int4lab.kernels.quant import swiglu_quant_rows_ref
 
 BF16_TOL = 2.0 ** -7        # bf16 output rounding is <= 2^-8 relative; the issue's bound is 2^-7 of max|ref|
@@ -242,7 +244,7 @@ def test_plan_variants(device, defer_reduce, block_k):
     tw = torch.rand(2, 2).to(device)
     ref = moe_decode_ref(xm, ids, tw, *w)
     for sk in (1, 2):
-        assert_close_bf16(moe_decode_step(xm, ids, tw, *w, split_k=sk, plan=base), ref)
+        assert_close_bf16(moe_decode_routed(xm, ids, tw, *w, split_k=sk, plan=base), ref)
 
 
 def test_reduce_partials_fixed_order(device):
@@ -272,13 +274,16 @@ def test_int4_linear(device, act, monkeypatch):
 
 
 # ---------------------------------------------------------------- grouped
-@pytest.mark.parametrize("E,block_m,L", [(4, 16, 6), (8, 16, 16), (3, 32, 40), (5, 16, 0)])
+@pytest.mark.parametrize("E,block_m,L", [(4, 16, 6), (8, 2, 16), (3, 32, 40), (5, 1, 7), (6, 4, 0), (64, 4, 33)])
 def test_build_group_tiles(device, E, block_m, L):
     ids = torch.randint(0, E, (L,), dtype=torch.int64)
     if L:
         ids[ids == 1] = 0                          # expert 1 gets zero rows
     t = build_group_tiles(ids.to(device), E, block_m)
-    order, counts, row0, rows, group = (v.cpu() for v in t)
+    ref = build_group_tiles_ref(ids, E, block_m)
+    for name, got, want in zip(t._fields[:5], t[:5], ref[:5]):
+        assert torch.equal(got.cpu(), want), name
+    order, counts, row0, rows, group = (v.cpu() for v in t[:5])
     assert len(row0) == -(-L // block_m) + E       # the static budget
     assert torch.equal(counts, torch.bincount(ids, minlength=E).int())
     assert torch.equal(order.long(), torch.sort(ids, stable=True).indices)
@@ -292,21 +297,36 @@ def test_build_group_tiles(device, E, block_m, L):
     assert (covered == 1).all(), "every routed row in exactly one tile"
 
 
-@pytest.mark.parametrize("E,N,K,L,block_m", [(4, 24, 64, 6, 16), (3, 40, 96, 16, 16), (2, 16, 64, 20, 32)])
-def test_grouped_gemm_matches_reference(device, E, N, K, L, block_m):
+def grouped_case(device, E, N, K, L, block_m, kind="dp4a", split_k=1, rows_per_x=1, block_k=256):
     packed, scales = pack(E, N, K, device)
     ids = torch.randint(0, E, (L,), dtype=torch.int32)
-    ids[ids == E - 1] = 0                          # an expert with zero rows
+    ids[ids == E - 1] = 0                          # an expert with zero rows, one with the most
     ids = ids.to(device)
     t = build_group_tiles(ids, E, block_m)
-    xq, xs = quant_x_rows(torch.randn(L, K).to(device))
-    aq, as_ = xq[t.order.long()], xs[t.order.long()]
+    xq, xs = quant_x_rows(torch.randn(-(-L // rows_per_x), K).to(device))
+    plan = GroupedPlan(block_m, 16, block_k, 1 if device == "cpu" else 4, 1, split_k=split_k, kind=kind)
     out = poison(torch.empty(L, N, dtype=torch.bfloat16, device=device))
-    got = gemm_int4_b32_grouped(aq, as_, packed, scales, t.row0, t.rows, t.group, out=out, block_m=block_m)
-    ref = gemv_ref(aq, as_, packed, scales, ids[t.order.long()], N, K)
+    got = gemm_int4_b32_grouped(xq, xs, packed, scales, t, rows_per_x=rows_per_x, out=out, plan=plan)
+    return got, grouped_ref(xq, xs, packed, scales, ids, N, K, rows_per_x), (xq, xs, packed, scales, t, plan)
+
+
+@pytest.mark.parametrize("E,N,K,L,block_m,split_k,rows_per_x", [
+    (4, 24, 96, 6, 4, 1, 1),        # tokens < block_m for most experts, a K tail inside the tile
+    (3, 40, 288, 16, 2, 3, 2),      # split-K (a ragged last split), two rows per x row (gate_up's token map)
+    (2, 16, 64, 20, 16, 1, 1),      # one expert with every row: two tiles of it
+    (5, 17, 128, 7, 1, 2, 1)])      # block_m 1: the routed GEMV's shape, ragged N
+def test_grouped_dp4a_matches_reference(device, E, N, K, L, block_m, split_k, rows_per_x):
+    got, ref, args = grouped_case(device, E, N, K, L, block_m, split_k=split_k, rows_per_x=rows_per_x)
     assert_close_bf16(got, ref)
-    again = gemm_int4_b32_grouped(aq, as_, packed, scales, t.row0, t.rows, t.group, block_m=block_m)
+    again = gemm_int4_b32_grouped(*args[:5], rows_per_x=rows_per_x, plan=args[5])
     assert torch.equal(got.view(torch.int16), again.view(torch.int16))
+    assert counters_all_zero()
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_grouped_mma_matches_reference(device, split_k):
+    got, ref, _ = grouped_case(device, 3, 40, 192, 19, 16, kind="mma", split_k=split_k)
+    assert_close_bf16(got, ref)
 
 
 def test_grouped_invalid_ids_under_capture_give_nan(device, monkeypatch):
@@ -315,12 +335,11 @@ def test_grouped_invalid_ids_under_capture_give_nan(device, monkeypatch):
     E, N, K = 3, 16, 64
     packed, scales = pack(E, N, K, device)
     ids = torch.tensor([2, 9, 0, -3, 2], dtype=torch.int32, device=device)
-    t = build_group_tiles(ids, E, 16)
+    t = build_group_tiles(ids, E, 2)
     assert t.counts.cpu().tolist() == [1, 0, 2]
     xq, xs = quant_x_rows(torch.randn(5, K).to(device))
-    o = t.order.long()
-    got = gemm_int4_b32_grouped(xq[o], xs[o], packed, scales, t.row0, t.rows, t.group).cpu()
-    bad = (ids.cpu()[o.cpu()] < 0) | (ids.cpu()[o.cpu()] >= E)
+    got = gemm_int4_b32_grouped(xq, xs, packed, scales, t).cpu()
+    bad = (ids.cpu() < 0) | (ids.cpu() >= E)
     assert got[bad].isnan().all() and not got[~bad].isnan().any()
 
 
@@ -331,8 +350,8 @@ def moe_weights(E, H, I, device):
     return gp, gs, dp, ds
 
 
-@pytest.mark.parametrize("T,A", [(1, 2), (2, 3)])
-def test_moe_decode_step_and_grouped(device, T, A):
+@pytest.mark.parametrize("T,A", [(1, 2), (2, 3), (5, 2)])
+def test_moe_decode_paths(device, T, A):
     E, H, I = 4, 64, 64
     w = moe_weights(E, H, I, device)
     x = torch.randn(T, H).bfloat16().to(device)
@@ -341,10 +360,42 @@ def test_moe_decode_step_and_grouped(device, T, A):
     ref = moe_decode_ref(x, ids, tw, *w)
     # The reference re-rounds each bf16 intermediate like the kernels, but a sum landing within an ulp of a
     # rounding boundary may still flip one activation code; the bound below leaves room for that.
-    for got in (moe_decode_step(x, ids, tw, *w), moe_decode_step(x, ids, tw, *w, split_k=2),
+    for got in (moe_decode_step(x, ids, tw, *w), moe_decode_routed(x, ids, tw, *w, split_k=2),
                 moe_decode_grouped(x, ids, tw, *w)):
         assert got.shape == (T, H)
         assert_close_bf16(got, ref)
+
+
+@pytest.mark.parametrize("split_k,block_m", [(1, 2), (2, 4), (3, 1)])
+def test_grouped_and_routed_moe_same_bits(device, split_k, block_m):
+    """Same quantisation points, same K tiling, same fold and combine order: the same bits, with uneven
+    expert loads (one expert gets most rows, one none) and fewer tokens than block_m for most experts."""
+    E, H, I, T, A = 5, 64, 96, 6, 2
+    w = moe_weights(E, H, I, device)
+    x = torch.randn(T, H).bfloat16().to(device)
+    ids = torch.tensor([[0, 2], [0, 3], [1, 0], [0, 2], [3, 0], [0, 1]], dtype=torch.int32, device=device)
+    tw = torch.softmax(torch.randn(T, A), -1).to(device)
+    nw = 1 if device == "cpu" else 4
+    routed = moe_decode_routed(x, ids, tw, *w, split_k=split_k,
+                               plan=GemvPlan(block_n=16, block_k=128, num_warps=nw, num_stages=1, waves=1.0))
+    grouped = moe_decode_grouped(x, ids, tw, *w, split_k=split_k,
+                                 plan=GroupedPlan(block_m, 16, 128, nw, 1))
+    assert torch.equal(routed.view(torch.int16), grouped.view(torch.int16))
+    assert counters_all_zero()
+
+
+def test_moe_decode_step_dispatch(device, monkeypatch):
+    """moe_decode_step takes the path plan.moe_grouped names for the token count (never the routing)."""
+    from int4lab.kernels import moe as moe_mod
+    seen = []
+    monkeypatch.setattr(moe_mod, "moe_decode_routed", lambda *a, **k: seen.append("routed"))
+    monkeypatch.setattr(moe_mod, "moe_decode_grouped", lambda *a, **k: seen.append("grouped"))
+    first = plan_mod.MOE_GROUPED_FROM_TOKENS[plan_mod.generation(device)]
+    w = moe_weights(4, 64, 64, device)
+    for T in (1, first, first + 3):
+        moe_mod.moe_decode_step(torch.randn(T, 64, device=device), torch.zeros(T, 2, dtype=torch.int32,
+                                device=device), torch.rand(T, 2, device=device), *w)
+    assert seen == ["routed" if first == 0 or T < first else "grouped" for T in (1, first, first + 3)]
 
 
 def test_combine_rows_order(device):
@@ -434,11 +485,23 @@ def test_bad_inputs(device):
         build_group_tiles(eids + 1, E, 16)
     with pytest.raises(ValueError, match="E must be a positive int"):
         build_group_tiles(eids, 0, 16)
-    t = build_group_tiles(eids, E, 16)
-    with pytest.raises(TypeError, match=r"row0 must have dtype in \(int32\)"):
-        gemm_int4_b32_grouped(xq, xs, packed, scales, t.row0.long(), t.rows, t.group)
-    with pytest.raises(ValueError, match="aq_sorted must have shape"):
-        gemm_int4_b32_grouped(xq[:, :32], xs, packed, scales, t.row0, t.rows, t.group)
+    t = build_group_tiles(eids, E, 4)
+    with pytest.raises(TypeError, match="tiles must be the GroupTiles"):
+        gemm_int4_b32_grouped(xq, xs, packed, scales, (t.order, t.row0, t.rows, t.group))
+    with pytest.raises(TypeError, match=r"tiles.row0 must have dtype in \(int32\)"):
+        gemm_int4_b32_grouped(xq, xs, packed, scales, t._replace(row0=t.row0.long()))
+    with pytest.raises(ValueError, match="xq must have shape"):
+        gemm_int4_b32_grouped(xq[:, :32], xs, packed, scales, t)
+    with pytest.raises(ValueError, match="xq must have at least"):
+        gemm_int4_b32_grouped(xq[:1], xs[:1], packed, scales, t)
+    with pytest.raises(ValueError, match="rows_per_x must be a positive int"):
+        gemm_int4_b32_grouped(xq, xs, packed, scales, t, rows_per_x=0)
+    with pytest.raises(ValueError, match=r"plan.block_m \(8\) must equal tiles.block_m \(4\)"):
+        gemm_int4_b32_grouped(xq, xs, packed, scales, t, plan=GroupedPlan(8, 16, 256, 1, 1))
+    with pytest.raises(ValueError, match=r"block_m a power of two \(>= 16 for mma\)"):
+        gemm_int4_b32_grouped(xq, xs, packed, scales, t, plan=GroupedPlan(4, 16, 256, 1, 1, kind="mma"))
+    with pytest.raises(ValueError, match="at most 8192 routed rows"):
+        build_group_tiles(torch.zeros(MAX_ROUTED_ROWS + 1, dtype=torch.int32, device=device), E, 16)
     gp, gs, dp, ds = moe_weights(E, K, 32, device)
     ids2 = eids.view(1, 2)
     with pytest.raises(ValueError, match="topk_w must have shape"):
@@ -472,20 +535,20 @@ def test_cuda_graph_capture_matches_eager(device):
     ids3 = torch.tensor([[0, 2], [2, 3], [1, 0]], dtype=torch.int32, device=device)
     tw3 = torch.rand(3, 2, device=device)
     v2 = dataclasses.replace(MMA_PLAN, defer_reduce=True)
-    eager = [moe_decode_step(x, ids, tw, *w, split_k=2), moe_decode_step(x, ids, tw, *w),
-             moe_decode_grouped(xs_[:, 0].contiguous(), ids3, tw3, *w), moe_decode_step(x, ids, tw, *w, plan=v2)]
+    eager = [moe_decode_routed(x, ids, tw, *w, split_k=2), moe_decode_step(x, ids, tw, *w),
+             moe_decode_grouped(xs_[:, 0].contiguous(), ids3, tw3, *w), moe_decode_routed(x, ids, tw, *w, plan=v2)]
     x3 = xs_[:, 0].contiguous()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):                      # warm up (compiles) outside the capture
-        moe_decode_step(x, ids, tw, *w, split_k=2)
+        moe_decode_routed(x, ids, tw, *w, split_k=2)
         moe_decode_grouped(x3, ids3, tw3, *w)
-        moe_decode_step(x, ids, tw, *w, plan=v2)
+        moe_decode_routed(x, ids, tw, *w, plan=v2)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        outs = [moe_decode_step(x, ids, tw, *w, split_k=2), moe_decode_step(x, ids, tw, *w),
-                moe_decode_grouped(x3, ids3, tw3, *w), moe_decode_step(x, ids, tw, *w, plan=v2)]
+        outs = [moe_decode_routed(x, ids, tw, *w, split_k=2), moe_decode_step(x, ids, tw, *w),
+                moe_decode_grouped(x3, ids3, tw3, *w), moe_decode_routed(x, ids, tw, *w, plan=v2)]
     for o in outs:
         poison(o)
     g.replay()
@@ -496,7 +559,12 @@ def test_cuda_graph_capture_matches_eager(device):
     ids.copy_(torch.tensor([[0, 2]], device=device))
     g.replay()
     torch.cuda.synchronize()
-    assert torch.equal(outs[0].view(torch.int16), moe_decode_step(x, ids, tw, *w, split_k=2).view(torch.int16))
+    assert torch.equal(outs[0].view(torch.int16), moe_decode_routed(x, ids, tw, *w, split_k=2).view(torch.int16))
+    ids3.copy_(torch.tensor([[3, 2], [3, 2], [3, 0]], device=device))   # new routing, same grouped graph
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(outs[2].view(torch.int16), moe_decode_grouped(x3, ids3, tw3, *w).view(torch.int16))
+    assert counters_all_zero()
 
 
 DP4A = dict(kind="dp4a", num_warps=4, num_stages=2)
@@ -534,7 +602,7 @@ def test_dp4a_linear_and_moe(device):
     ids = torch.tensor([[0, 3], [2, 0]], dtype=torch.int32, device=device)
     tw = torch.rand(2, 2).to(device)
     for sk in (1, 2):
-        assert_close_bf16(moe_decode_step(xm, ids, tw, *w, split_k=sk, plan=plan), moe_decode_ref(xm, ids, tw, *w))
+        assert_close_bf16(moe_decode_routed(xm, ids, tw, *w, split_k=sk, plan=plan), moe_decode_ref(xm, ids, tw, *w))
 
 
 def test_dp4a_plan_rules(device):

@@ -43,37 +43,56 @@ def routed_expert(eid_ptr, r, E, HAS_EIDS: tl.constexpr):
 
 
 @triton.jit
-def finish_rows(y, valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, r, R, N, pid_n, n_tiles, offs_n, n_mask,
-                SPLIT_K: tl.constexpr, TOPK: tl.constexpr, HAS_W: tl.constexpr):
-    """Write one program's float32 result y [BLOCK_N] for row r, split `split` (module doc).
+def fold_blocks(acc, ROWS: tl.constexpr, NB: tl.constexpr):
+    """float32 [ROWS, NB] -> [ROWS]: the NB columns (a power of two <= 256) summed as a fixed pairwise tree,
+    ((c0 + c1) + (c2 + c3)) + ..., so the bits do not depend on the tensor's layout, its rank before the
+    caller's reshape, or the number of warps (tl.sum's order does). The routed GEMV and the grouped kernel
+    both fold their per-block columns this way, which is what makes their outputs bit-identical."""
+    for i in tl.static_range(8):
+        if (NB >> i) > 1:
+            lo, hi = tl.split(tl.reshape(acc, [ROWS, NB >> (i + 1), 2]))
+            acc = lo + hi
+    return tl.reshape(acc, [ROWS])
 
-    SPLIT_K == 1 and TOPK == 1: bf16 straight to out [R, N]. Otherwise: the float32 partial goes to
-    part [SPLIT_K, R, N]; the last of the SPLIT_K * TOPK programs of output tile (r // TOPK, pid_n) sums
-    them in fixed order into bf16 out [R // TOPK, N]; with HAS_W each row's split sum is rounded to bf16
-    and weighted by w [T, TOPK] (the MoE combine, rounding as moe_decode_ref). cnt int32 [T * n_tiles]
-    must be zero before the launch and is zero after it.
+
+@triton.jit
+def finish_rows(y, valid, r, m_mask, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, R, N, pid_n, n_tiles, offs_n,
+                n_mask, SPLIT_K: tl.constexpr, TOPK: tl.constexpr, HAS_W: tl.constexpr):
+    """Write one program's float32 results y [BM, BLOCK_N] for rows r [BM] (m_mask: live rows), split `split`.
+
+    SPLIT_K == 1 and TOPK == 1: bf16 straight to out [R, N]. Otherwise: the float32 partials go to
+    part [SPLIT_K, R, N]; for each row, the last of the SPLIT_K * TOPK programs of output tile
+    (r // TOPK, pid_n) sums them in fixed order into bf16 out [R // TOPK, N]; with HAS_W each row's split
+    sum is rounded to bf16 and weighted by w [T, TOPK] (the MoE combine, rounding as moe_decode_ref). cnt
+    int32 [T * n_tiles] must be zero before the launch and is zero after it. A program may hold several
+    rows (the grouped kernel's tile of one expert): each row counts its own arrival.
     """
     y = tl.where(valid, y, float("nan"))
+    rr = r.to(tl.int64)
+    mask = m_mask[:, None] & n_mask[None, :]
     if SPLIT_K * TOPK == 1:
-        tl.store(out_ptr + r.to(tl.int64) * N + offs_n, to_bf16_rne(y), mask=n_mask)
+        tl.store(out_ptr + rr[:, None] * N + offs_n[None, :], to_bf16_rne(y), mask=mask)
     else:
-        tl.store(part_ptr + (split * R + r).to(tl.int64) * N + offs_n, y, mask=n_mask)
-        t = r // TOPK
+        tl.store(part_ptr + (split * R + rr)[:, None] * N + offs_n[None, :], y, mask=mask)
+        t = rr // TOPK
         tile = t * n_tiles + pid_n
         tl.debug_barrier()                      # every thread's partial is stored before the release below
-        seen = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if seen == SPLIT_K * TOPK - 1:          # last to arrive: every other slot of this tile is written
+        seen = tl.atomic_add(cnt_ptr + tile, 1, mask=m_mask, sem="acq_rel", scope="gpu")
+        last = m_mask & (seen == SPLIT_K * TOPK - 1)   # last to arrive: every other slot of its tile is written
+        if tl.max(last.to(tl.int32), axis=0) > 0:
+            lmask = last[:, None] & n_mask[None, :]
             acc = tl.zeros_like(y)
             for j in tl.static_range(TOPK):
                 row = t * TOPK + j
                 yj = tl.zeros_like(y)
                 for s in tl.static_range(SPLIT_K):
                     # .cg: read from L2, where the other programs' stores are, never a stale L1 line
-                    yj += tl.load(part_ptr + (s * R + row).to(tl.int64) * N + offs_n, mask=n_mask, other=0.0,
+                    yj += tl.load(part_ptr + (s * R + row)[:, None] * N + offs_n[None, :], mask=lmask, other=0.0,
                                   cache_modifier=".cg")
                 if HAS_W:     # the MoE combine: each expert's row rounded to bf16 first, as moe_decode_ref does
-                    acc += tl.load(tw_ptr + row).to(tl.float32) * to_bf16_rne(yj).to(tl.float32)
+                    wj = tl.load(tw_ptr + row, mask=last, other=0.0).to(tl.float32)
+                    acc += wj[:, None] * to_bf16_rne(yj).to(tl.float32)
                 else:
                     acc += yj
-            tl.store(out_ptr + t.to(tl.int64) * N + offs_n, to_bf16_rne(acc), mask=n_mask)
-            tl.atomic_xchg(cnt_ptr + tile, 0)   # ready for the next launch (graph replay)
+            tl.store(out_ptr + t[:, None] * N + offs_n[None, :], to_bf16_rne(acc), mask=lmask)
+            tl.atomic_xchg(cnt_ptr + tile, 0, mask=last)   # ready for the next launch (graph replay)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .epilogue import finish_rows, routed_expert
+from .epilogue import finish_rows, fold_blocks, routed_expert
 from .quant import quant_blocks, silu_mul
 
 X_CODES, X_FLOAT, X_SWIGLU = 0, 1, 2    # how the activation reaches the kernel (module doc)
@@ -71,19 +71,25 @@ def _prmt(a, b, SEL: tl.constexpr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _x_words_from_codes(x_row, xs_row, t, K, BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr):
-    """Tile t of int8 codes (read as int32 words) -> (x_even, x_odd, -8 * word sums) [BLOCK_W], scales [NB]."""
+def x_words_from_codes(x_rows, xs_rows, t, KW, KB, BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr):
+    """Tile t of BM rows of int8 codes -> (x_even, x_odd, -8 * word sums) int32 [BM, BLOCK_W], scales [BM, NB].
+
+    x_rows [BM]: row pointers into the codes viewed as int32 words (4 codes each); xs_rows [BM]: pointers to
+    the rows' float32 scales; KW = K / 8 (pairs of words), KB = K / 32. Shared by the routed GEMV (BM = 1)
+    and the grouped kernel (a tile of rows of one expert).
+    """
     BLOCK_W: tl.constexpr = BLOCK_K // 8
     NB: tl.constexpr = BLOCK_K // 32
     w_idx = t * BLOCK_W + tl.arange(0, BLOCK_W)
-    xw = tl.load(x_row + 2 * w_idx[:, None] + tl.arange(0, 2)[None, :], mask=(w_idx < K // 8)[:, None], other=0)
-    x0, x1 = tl.split(xw)                                     # x[8w..8w+3], x[8w+4..8w+7]
+    xw = tl.load(x_rows[:, None, None] + (2 * w_idx[:, None] + tl.arange(0, 2)[None, :])[None, :, :],
+                 mask=(w_idx < KW)[None, :, None], other=0)
+    x0, x1 = tl.split(xw)                                     # x[8w..8w+3], x[8w+4..8w+7]   [BM, BLOCK_W]
     xe = _prmt(x0, x1, 0x6420, USE_ASM)                       # x[8w + 0, 2, 4, 6]
     xo = _prmt(x0, x1, 0x7531, USE_ASM)                       # x[8w + 1, 3, 5, 7]
     eights = tl.full(xe.shape, 0x08080808, tl.int32)
     negc = -_dp4a(eights, xe, _dp4a(eights, xo, tl.zeros_like(xe), USE_ASM), USE_ASM)
     kb = t * NB + tl.arange(0, NB)
-    xs = tl.load(xs_row + kb, mask=kb < K // 32, other=0.0)
+    xs = tl.load(xs_rows[:, None] + kb[None, :], mask=(kb < KB)[None, :], other=0.0)
     return xe, xo, negc, xs
 
 
@@ -145,7 +151,8 @@ def gemv_dp4a_kernel(
     s_rows = ws_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * KB
     xr = (r // ROWS_PER_X).to(tl.int64)
     x_row = x_ptr + xr * stride_x
-    acc = tl.zeros([BLOCK_N, NB], dtype=tl.float32)   # reduced across blocks once, after the loop
+    one = tl.zeros([1], tl.int64)                       # a row pointer as a 1-row tensor
+    acc = tl.zeros([BLOCK_N, NB], dtype=tl.float32)   # folded across blocks once, after the loop
 
     t0 = split * TILES_PER_SPLIT
     if PREFETCH:
@@ -162,18 +169,21 @@ def gemv_dp4a_kernel(
             wd = tl.load(w_rows + w_idx[None, :], mask=n_mask[:, None] & (w_idx < KW)[None, :], other=0)
         kb = t * NB + offs_b
         ws = tl.load(s_rows + kb[None, :], mask=n_mask[:, None] & (kb < KB)[None, :], other=0.0)
-        if X_MODE == 0:
-            xe, xo, negc, xs = _x_words_from_codes(x_row, xs_ptr + xr * stride_xs, t, K, BLOCK_K, USE_ASM)
+        if X_MODE == 0:                   # [1, BLOCK_W] words, [1, NB] scales: the grouped kernel's helper
+            xe, xo, negc, xs = x_words_from_codes(x_row + one, xs_ptr + xr * stride_xs + one, t, KW, KB,
+                                                  BLOCK_K, USE_ASM)
         else:
             xe, xo, negc, xs = _x_words_from_floats(x_row, t, K, X_MODE, BLOCK_K, USE_ASM)
+            xe, xo, negc, xs = xe[None, :], xo[None, :], negc[None, :], xs[None, :]
         lo = wd & 0x0F0F0F0F
         hi = (wd >> 4) & 0x0F0F0F0F
-        d = _dp4a(lo, xe[None, :], tl.broadcast_to(negc[None, :], wd.shape), USE_ASM)
-        d = _dp4a(hi, xo[None, :], d, USE_ASM)                                # [BLOCK_N, BLOCK_W]
+        d = _dp4a(lo, xe, tl.broadcast_to(negc, wd.shape), USE_ASM)
+        d = _dp4a(hi, xo, d, USE_ASM)                                           # [BLOCK_N, BLOCK_W]
         bsum = tl.sum(tl.reshape(d, [BLOCK_N, NB, 4]), axis=2)                  # exact block sums
-        acc += bsum.to(tl.float32) * (ws.to(tl.float32) * xs[None, :])
+        acc += bsum.to(tl.float32) * (ws.to(tl.float32) * xs)
         if PREFETCH:
             wd = wd_next
 
-    finish_rows(tl.sum(acc, axis=1), valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, r, R, N, pid_n,
-                tl.num_programs(0), offs_n, n_mask, SPLIT_K, TOPK, HAS_W)
+    rows = r + tl.zeros([1], tl.int32)
+    finish_rows(fold_blocks(acc, BLOCK_N, NB)[None, :], valid, rows, rows >= 0, out_ptr, part_ptr, cnt_ptr, tw_ptr,
+                split, R, N, pid_n, tl.num_programs(0), offs_n, n_mask, SPLIT_K, TOPK, HAS_W)

@@ -143,5 +143,6 @@ def gemv_int4_b32_kernel(
 
     if DEFER_REDUCE:
         acc = tl.sum(acc2, axis=1)
-    finish_rows(acc, valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, r, R, N, pid_n, tl.num_programs(0),
-                offs_n, n_mask, SPLIT_K, TOPK, HAS_W)
+    rows = r + tl.zeros([1], tl.int32)
+    finish_rows(acc[None, :], valid, rows, rows >= 0, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, R, N, pid_n,
+                tl.num_programs(0), offs_n, n_mask, SPLIT_K, TOPK, HAS_W)

@@ -1,23 +1,30 @@
-"""Grouped int4-b32 GEMM for a few decode tokens: rows sorted by expert, cut into M-tiles, one launch.
+"""Grouped int4-b32 GEMV for a few decode tokens: rows sorted by expert, cut into tiles, one launch each.
 
 Shape legend: E = experts, N = out features, K = in features, L = routed rows (tokens x top-k),
-T = tiles = ceil(L / BLOCK_M) + E (a static budget: the grid never depends on the routing).
+A = top-k (rows combined into one output row), T = tiles = ceil(L / BM) + E (a static budget: the grid
+never depends on the routing), BM = rows per tile.
 
-    build_group_tiles(ids, E, block_m)  ->  order [L], counts [E], row0 [T], rows [T], group [T]
-    gemm_int4_b32_grouped(aq_sorted, as_sorted, packed, scales, row0, rows, group)  ->  bf16 [L, N]
+    build_group_tiles(ids, E, block_m)   -> GroupTiles: order [L], counts [E], row0 [T], rows [T], group [T]
+    gemm_int4_b32_grouped(xq, xs, packed, scales, tiles, rows_per_x=1, topk_w=None)
+                                         -> bf16 [L, N] in row order, or [L / A, N] combined with topk_w
 
-Everything is computed on the device without reading anything back to the host, so both calls are legal
-inside `torch.cuda.graph` capture. Why the budget holds: expert e needs ceil(c_e / BLOCK_M) tiles and
-ceil(c / m) < c / m + 1, so the E experts (plus one bucket for invalid ids, see below) need fewer than
-L / BLOCK_M + E + 1 tiles, hence at most ceil(L / BLOCK_M) + E. Unused tiles are dead: 0 rows.
+build_group_tiles is one Triton program (a sort of L keys, a histogram, prefix sums, a scatter), nothing
+read back to the host, so both calls are legal inside `torch.cuda.graph` capture. Why the budget holds:
+expert e needs ceil(c_e / BM) tiles and ceil(c / m) < c / m + 1, so the E experts (plus one bucket for
+invalid ids, see below) need fewer than L / BM + E + 1 tiles, hence at most ceil(L / BM) + E. Unused tiles
+are dead: 0 rows, and their programs return at once.
 
 Invalid ids: eagerly they raise ValueError. Under capture they cannot be checked; they are sorted into
-an extra bucket E, whose tiles carry group E, and the kernel writes NaN for those rows (no expert memory
+an extra bucket E, whose tiles carry group E, and the kernels write NaN for those rows (no expert memory
 is read with a bad index).
 
-Bytes per call: the weights of every expert that has a row, 0.5625 bytes per weight, read once per
-N-tile column, + L * (K + K/8 + 2N). The tile's rows share one read of their expert's weights, which is
-what the grouped GEMM buys over L separate GEMV rows.
+Kernels (plan.kind): "dp4a" (grouped_dp4a.py, the table's choice) and "mma" (grouped_mma.py, tensor cores,
+BM >= 16). Both read activations as int8 codes in row order (row r uses x row r // rows_per_x, so the
+gate_up projection reads each token's codes without a gather copy) and finish split-K and the MoE combine
+in the same launch (epilogue.finish_rows).
+
+Bytes per call: the weights of every expert with a row, 0.5625 bytes per weight, once per tile (an expert
+with more than BM rows is read once per tile), + L * (K + K/8) codes and scales + the output.
 """
 from __future__ import annotations
 
@@ -28,35 +35,114 @@ import triton
 import triton.language as tl
 
 from .._checks import (check_contiguous, check_devices, check_ids, check_out, check_packed, check_rows_contiguous,
-                       check_shape, check_tensor)
+                       check_shape, check_tensor, interpreting)
 from . import plan as _plan
-from .epilogue import to_bf16_rne
+from .gemv import _workspace
+from .grouped_dp4a import grouped_dp4a_kernel
+from .grouped_mma import grouped_mma_kernel
+
+MAX_ROUTED_ROWS = 8192          # one program sorts the rows: decode batches, not prefill
 
 
 class GroupTiles(NamedTuple):
-    """Routing of L rows to experts, as M-tiles. All int32, all on the ids' device."""
+    """Routing of L rows to experts, as tiles of at most block_m rows. Tensors int32, on the ids' device."""
     order: torch.Tensor     # [L]  sorted position i holds flat row order[i] (stable: ties keep row order)
     counts: torch.Tensor    # [E]  rows routed to each expert
-    row0: torch.Tensor      # [T]  first sorted row of the tile
+    row0: torch.Tensor      # [T]  first sorted position of the tile
     rows: torch.Tensor      # [T]  rows in the tile, 0..block_m (0 = dead tile)
     group: torch.Tensor     # [T]  expert of the tile (E for the invalid-id bucket, 0 for dead tiles)
+    block_m: int = 16
 
 
 def _check_block_m(block_m):
-    if not isinstance(block_m, int) or isinstance(block_m, bool) or block_m < 16 or block_m & (block_m - 1):
-        raise ValueError(f"block_m must be a power of two >= 16 (the MMA's M), got {block_m!r}")
+    if not isinstance(block_m, int) or isinstance(block_m, bool) or block_m < 1 or block_m & (block_m - 1):
+        raise ValueError(f"block_m must be a power of two >= 1, got {block_m!r}")
 
 
-def build_group_tiles(ids: torch.Tensor, E: int, block_m: int = 16) -> GroupTiles:
-    """ids int [L] or [T_tokens, topk] -> GroupTiles with ceil(L / block_m) + E tiles (module doc)."""
+@triton.jit
+def route_tiles_kernel(
+    # Pointers
+    ids_ptr, order_ptr, counts_ptr, row0_ptr, rows_ptr, group_ptr, scratch_ptr,
+    # Dimensions
+    L, E, T,
+    # Meta-parameters
+    LP: tl.constexpr, EP: tl.constexpr, TP: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """One program: ids [L] -> GroupTiles. LP >= L, EP >= E + 2, TP >= T (powers of two); scratch int32 [2 EP].
+
+    Sorted position p of row r: rows ordered by (bucket, r), bucket = id, or E for an invalid id; tile of p:
+    the bucket's first tile + rank // BLOCK_M, where rank = p - the bucket's first position.
+    """
+    offs = tl.arange(0, LP)
+    live = offs < L
+    raw = tl.load(ids_ptr + offs, mask=live, other=0)
+    key = tl.where((raw >= 0) & (raw < E), raw, E).to(tl.int32)
+    key = tl.where(live, key, E + 1)                           # padding sorts last, in a bucket of its own
+    srt = tl.sort(key * LP + offs)                             # stable: ties broken by the row index
+    order = srt % LP
+    skey = srt // LP
+    tl.store(order_ptr + offs, order, mask=live)
+
+    b = tl.arange(0, EP)
+    real = b <= E
+    counts = tl.where(real, tl.histogram(key, EP), 0)
+    tl.store(counts_ptr + b, counts, mask=b < E)
+    tiles = (counts + BLOCK_M - 1) // BLOCK_M
+    tile_start = tl.cumsum(tiles, 0) - tiles
+    row_start = tl.cumsum(counts, 0) - counts
+    tl.store(scratch_ptr + b, tile_start)
+    tl.store(scratch_ptr + EP + b, row_start)
+    t = tl.arange(0, TP)
+    zero = tl.zeros([TP], tl.int32)
+    tl.store(row0_ptr + t, zero, mask=t < T)                   # every tile dead until the scatter below
+    tl.store(rows_ptr + t, zero, mask=t < T)
+    tl.store(group_ptr + t, zero, mask=t < T)
+    tl.debug_barrier()                                         # the stores above are seen by every thread
+
+    sb = tl.minimum(skey, E)                                   # padding positions are masked below
+    rank = offs - tl.load(scratch_ptr + EP + sb, mask=live, other=0)
+    first = live & (rank % BLOCK_M == 0)
+    tid = tl.load(scratch_ptr + sb, mask=live, other=0) + rank // BLOCK_M
+    # counts of the position's bucket: its row_start of the next bucket minus its own
+    cnt = tl.load(scratch_ptr + EP + sb + 1, mask=live, other=0) - tl.load(scratch_ptr + EP + sb, mask=live, other=0)
+    tl.store(row0_ptr + tid, offs, mask=first)
+    tl.store(rows_ptr + tid, tl.minimum(cnt - rank, BLOCK_M), mask=first)
+    tl.store(group_ptr + tid, sb, mask=first)
+
+
+def _route_args(ids, E, block_m):
     check_tensor("ids", ids, (torch.int32, torch.int64))
     if not isinstance(E, int) or isinstance(E, bool) or E <= 0:
         raise ValueError(f"E must be a positive int, got {E!r}")
     _check_block_m(block_m)
     check_ids("ids", ids, E)
-    flat = ids.reshape(-1).long()
-    L, dev = flat.numel(), ids.device
-    n_tiles = -(-L // block_m) + E
+    flat = ids.reshape(-1)
+    return flat, flat.numel(), -(-flat.numel() // block_m) + E
+
+
+def build_group_tiles(ids: torch.Tensor, E: int, block_m: int = 16) -> GroupTiles:
+    """ids int [L] or [T_tokens, topk] -> GroupTiles with ceil(L / block_m) + E tiles (module doc); one launch."""
+    flat, L, n_tiles = _route_args(ids, E, block_m)
+    if L > MAX_ROUTED_ROWS:
+        raise ValueError(f"ids must hold at most {MAX_ROUTED_ROWS} routed rows (a decode batch), got {L}")
+    dev, i32 = ids.device, torch.int32
+    buf = torch.empty(L + E + 3 * n_tiles, dtype=i32, device=dev)
+    order, counts, row0, rows, group = torch.split(buf, [L, E, n_tiles, n_tiles, n_tiles])
+    EP = triton.next_power_of_2(E + 2)
+    scratch = torch.empty(2 * EP, dtype=i32, device=dev)
+    if L == 0:
+        buf.zero_()
+    else:
+        route_tiles_kernel[(1,)](flat.contiguous(), order, counts, row0, rows, group, scratch, L, E, n_tiles,
+                                 LP=triton.next_power_of_2(L), EP=EP, TP=triton.next_power_of_2(n_tiles),
+                                 BLOCK_M=block_m, num_warps=4)
+    return GroupTiles(order, counts, row0, rows, group, block_m)
+
+
+def build_group_tiles_ref(ids: torch.Tensor, E: int, block_m: int = 16) -> GroupTiles:
+    """build_group_tiles in torch operations (the contract the kernel is tested against)."""
+    flat, L, n_tiles = _route_args(ids, E, block_m)
+    flat, dev = flat.long(), ids.device
     key = torch.where((flat >= 0) & (flat < E), flat, E)                         # invalid ids -> bucket E
     order = torch.sort(key, stable=True).indices
     counts = torch.zeros(E + 1, dtype=torch.int64, device=dev).scatter_add_(0, key, torch.ones_like(key))
@@ -72,92 +158,85 @@ def build_group_tiles(ids: torch.Tensor, E: int, block_m: int = 16) -> GroupTile
     row0 = torch.where(live, starts[gc] + j * block_m, 0)
     group = torch.where(live, gc, 0)
     i32 = torch.int32
-    return GroupTiles(order.to(i32), counts[:E].to(i32), row0.to(i32), rows.to(i32), group.to(i32))
+    return GroupTiles(order.to(i32), counts[:E].to(i32), row0.to(i32), rows.to(i32), group.to(i32), block_m)
 
 
-@triton.jit
-def gemm_int4_b32_grouped_kernel(
-    # Pointers
-    a_ptr, as_ptr, w_ptr, ws_ptr, row0_ptr, rows_ptr, group_ptr, out_ptr,
-    # Dimensions
-    N, K, E, stride_a, stride_as,
-    # Meta-parameters
-    K_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """One program owns out[row0 : row0 + rows, n0 : n0 + BLOCK_N] of one tile (grid: T, N tiles).
+def gemm_int4_b32_grouped(xq, xs, packed, scales, tiles: GroupTiles, *, rows_per_x: int = 1, topk_w=None,
+                          out=None, split_k=None, plan=None):
+    """Grouped W4A8 GEMV over the tiles of `build_group_tiles`: bf16 [L, N] (row r = x row r // rows_per_x
+    times expert ids[r]), or, with topk_w float [L / A, A], bf16 [L / A, N] = the router-weighted sum of
+    each token's A rows (each rounded to bf16 first; fixed order j = 0..A-1).
 
-    a int8 [L, K] and as float32 [L, K/32] in sorted order; w uint8 [E, N, K/2] (even k low nibble),
-    ws float16 [E, N, K/32]. Per 32-block: int8 x int8 -> int32 tl.dot, then * (a_scale * w_scale).
-    """
-    tile = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    row0 = tl.load(row0_ptr + tile)
-    rows = tl.load(rows_ptr + tile)
-    g = tl.load(group_ptr + tile).to(tl.int64)
-    valid = (g >= 0) & (g < E)
-    g = tl.where(valid, g, 0)
-
-    offs_m = tl.arange(0, BLOCK_M)
-    m_mask = offs_m < rows
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
-    offs_c = tl.arange(0, 32)
-    offs_h = tl.arange(0, 16)
-    a_rows = a_ptr + (row0 + offs_m)[:, None].to(tl.int64) * stride_a
-    as_rows = as_ptr + (row0 + offs_m).to(tl.int64) * stride_as
-    w_rows = w_ptr + g * N * (K // 2) + offs_n[:, None].to(tl.int64) * (K // 2)
-    s_rows = ws_ptr + g * N * (K // 32) + offs_n.to(tl.int64) * (K // 32)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if (rows > 0) & valid:                                       # dead tiles stream nothing
-        for kb in range(0, K_BLOCKS):
-            a = tl.load(a_rows + kb * 32 + offs_c[None, :], mask=m_mask[:, None], other=0)
-            asc = tl.load(as_rows + kb, mask=m_mask, other=0.0)
-            wb = tl.load(w_rows + kb * 16 + offs_h[None, :], mask=n_mask[:, None], other=0)
-            lo = (wb & 15).to(tl.int8, bitcast=True)
-            hi = (wb >> 4).to(tl.int8, bitcast=True)
-            w = tl.interleave(lo, hi) - 8                        # [BLOCK_N, 32] codes in k order
-            d = tl.dot(a, tl.trans(w), out_dtype=tl.int32)       # exact block sums [BLOCK_M, BLOCK_N]
-            wsc = tl.load(s_rows + kb, mask=n_mask, other=0.0).to(tl.float32)
-            acc += d.to(tl.float32) * (asc[:, None] * wsc[None, :])
-    acc = tl.where(valid, acc, float("nan"))
-    out = out_ptr + (row0 + offs_m)[:, None].to(tl.int64) * N + offs_n[None, :]
-    tl.store(out, to_bf16_rne(acc), mask=m_mask[:, None] & n_mask[None, :])
-
-
-def gemm_int4_b32_grouped(aq_sorted, as_sorted, packed, scales, row0, rows, group, out=None, *,
-                          block_m=16, plan=None):
-    """Grouped W4A8 GEMM: bf16 [L, N], row i = aq_sorted[i] times the expert of the tile holding row i.
-
-    aq_sorted int8 [L, K], as_sorted float32 [L, K/32]: activations already permuted by `order` from
-    build_group_tiles (rows may be strided); packed uint8 [E, N, K/2], scales float16 [E, N, K/32];
-    row0/rows/group int32 [T] from build_group_tiles with the same block_m. Rows come back in sorted
-    order: the caller scatters them with `out_flat[order] = out`. Legal under CUDA-graph capture.
+    xq int8 [*, K] and xs float32 [*, K/32] (quant_x_rows / swiglu_quant_rows; rows may be strided);
+    packed uint8 [E, N, K/2], scales float16 [E, N, K/32]. Exact int32 dot per 32-block, float32 across
+    blocks, one bf16 rounding (as gemv_int4_b32). `plan` (a GroupedPlan) overrides the table (whose row
+    is taken with block_m = tiles.block_m); a plan's block_m must equal tiles.block_m. Legal under CUDA-graph capture (warm up once eagerly first: workspace).
     """
     check_tensor("packed", packed, (torch.uint8,), (3,))
     E, N, K = packed.shape[0], packed.shape[1], packed.shape[2] * 2
     check_packed(packed, scales, N, K)
-    check_tensor("aq_sorted", aq_sorted, (torch.int8,), (2,))
-    check_tensor("as_sorted", as_sorted, (torch.float32,), (2,))
-    check_shape("aq_sorted", aq_sorted, (aq_sorted.shape[0], K))
-    L = aq_sorted.shape[0]
-    check_shape("as_sorted", as_sorted, (L, K // 32))
-    check_rows_contiguous("aq_sorted", aq_sorted)
-    check_rows_contiguous("as_sorted", as_sorted)
-    for name, t in (("row0", row0), ("rows", rows), ("group", group)):
-        check_tensor(name, t, (torch.int32,), (1,))
-    check_shape("rows", rows, row0.shape)
-    check_shape("group", group, row0.shape)
-    _check_block_m(block_m)
-    check_contiguous(packed=packed, scales=scales, row0=row0, rows=rows, group=group)
-    dev = check_devices(aq_sorted=aq_sorted, as_sorted=as_sorted, packed=packed, scales=scales,
-                        row0=row0, rows=rows, group=group, out=out)
-    out = check_out("out", out, (L, N), torch.bfloat16, dev)
-    p = plan if plan is not None else _plan.grouped_plan(dev)
-    T = row0.shape[0]
-    if T and L:
-        gemm_int4_b32_grouped_kernel[(T, triton.cdiv(N, p.block_n))](
-            aq_sorted, as_sorted, packed, scales, row0, rows, group, out,
-            N, K, E, aq_sorted.stride(0), as_sorted.stride(0),
-            K_BLOCKS=K // 32, BLOCK_M=block_m, BLOCK_N=p.block_n,
-            num_warps=p.num_warps, num_stages=p.num_stages)
+    check_tensor("xq", xq, (torch.int8,), (2,))
+    check_tensor("xs", xs, (torch.float32,), (2,))
+    if xq.shape[1] != K:
+        raise ValueError(f"xq must have shape (rows, K) with K = {K}, got {tuple(xq.shape)}")
+    check_shape("xs", xs, (xq.shape[0], K // 32))
+    check_rows_contiguous("xq", xq)
+    check_rows_contiguous("xs", xs)
+    if not isinstance(tiles, GroupTiles):
+        raise TypeError(f"tiles must be the GroupTiles of build_group_tiles, got {type(tiles).__name__}")
+    for name in ("order", "row0", "rows", "group"):
+        check_tensor(f"tiles.{name}", getattr(tiles, name), (torch.int32,), (1,))
+    L = tiles.order.shape[0]
+    if not isinstance(rows_per_x, int) or isinstance(rows_per_x, bool) or rows_per_x < 1:
+        raise ValueError(f"rows_per_x must be a positive int, got {rows_per_x!r}")
+    if xq.shape[0] * rows_per_x < L:
+        raise ValueError(f"xq must have at least L / rows_per_x = {-(-L // rows_per_x)} rows, got {xq.shape[0]}")
+    A = 1
+    if topk_w is not None:
+        check_tensor("topk_w", topk_w, (torch.float32, torch.float16, torch.bfloat16), (2,))
+        A = topk_w.shape[1]
+        check_shape("topk_w", topk_w, (L // A, A) if A and L % A == 0 else (-1, -1))
+        check_contiguous(topk_w=topk_w)
+    check_contiguous(packed=packed, scales=scales, order=tiles.order, row0=tiles.row0, rows=tiles.rows,
+                     group=tiles.group)
+    dev = check_devices(xq=xq, xs=xs, packed=packed, scales=scales, order=tiles.order, row0=tiles.row0,
+                        topk_w=topk_w, out=out)
+    out = check_out("out", out, (L // A, N), torch.bfloat16, dev)
+    p = (_plan.resolve_grouped(plan, N, K, L, E, dev, split_k) if plan is not None
+         else _plan.grouped_plan(N, K, L, E, dev, split_k, block_m=tiles.block_m))
+    if p.block_m != tiles.block_m:
+        raise ValueError(f"plan.block_m ({p.block_m}) must equal tiles.block_m ({tiles.block_m})")
+    T = tiles.row0.shape[0]
+    if L == 0 or T == 0:
+        return out
+    sk = p.split_k
+    n_tiles = triton.cdiv(N, p.block_n)
+    if sk * A > 1:
+        part, cnt = _workspace(dev, sk * L * N, (L // A) * n_tiles)
+    else:
+        part = cnt = out
+    tw = topk_w if topk_w is not None else out
+    grid = (n_tiles, sk, T)
+    common = dict(SPLIT_K=sk, TOPK=A, BLOCK_M=p.block_m, BLOCK_N=p.block_n, HAS_W=topk_w is not None,
+                  ROWS_PER_X=rows_per_x, num_warps=p.num_warps, num_stages=p.num_stages)
+    if p.kind == "dp4a":
+        grouped_dp4a_kernel[grid](
+            xq.view(torch.int32), xs, packed.view(torch.int32), scales, tiles.order, tiles.row0, tiles.rows,
+            tiles.group, out, part, cnt, tw, L, N, E, xq.stride(0) // 4, xs.stride(0), N * K // 8, K // 8,
+            N * K // 32, K // 32, TILES_PER_SPLIT=triton.cdiv(triton.cdiv(K, p.block_k), sk),
+            BLOCK_K=p.block_k, USE_ASM=not interpreting(), **common)
+    else:
+        grouped_mma_kernel[grid](
+            xq, xs, packed, scales, tiles.order, tiles.row0, tiles.rows, tiles.group, out, part, cnt, tw,
+            L, N, E, xq.stride(0), xs.stride(0), N * K // 2, K // 2, N * K // 32, K // 32,
+            BLOCKS_PER_SPLIT=triton.cdiv(K // 32, sk), **common)
     return out
+
+
+def grouped_ref(xq, xs, packed, scales, ids, N, K, rows_per_x: int = 1) -> torch.Tensor:
+    """float32 [L, N] reference of gemm_int4_b32_grouped without topk_w (CPU, float64 sums)."""
+    from .gemv import gemv_ref
+    r = torch.arange(ids.numel()) // rows_per_x
+    return gemv_ref(xq.cpu()[r], xs.cpu()[r], packed, scales, ids.reshape(-1), N, K)
+
+

@@ -3,21 +3,27 @@
 Shape legend: T = tokens, A = experts per token (top-k), L = T * A routed rows, E = experts,
 H = hidden size, I = expert intermediate size.
 
-    x [T, H] --gate_up GEMV, x quantised in its prologue (all L rows, one launch)--> h [L, 2I] bf16
-      --down GEMV, SwiGLU + quantisation of h in its prologue, y [L, H] rounded to bf16 and combined with
-        the router weights (float32, fixed order) by the last-arriving program (one launch)--> out [T, H] bf16
+Two paths, one contract (moe_decode_ref), chosen by moe_decode_step from (tokens, generation) through
+plan.moe_grouped, so the choice never depends on the routing and the call stays capture-legal:
 
-gate_up is the fused [E, 2I, H] projection with the I gate rows first, then the I up rows.
-`moe_decode_step` runs each projection as one routed GEMV over all L rows (the batch-1 path);
-`moe_decode_grouped` sorts rows by expert and runs the grouped GEMM, so rows that share an expert share
-one read of its weights (a few tokens). Both are legal under CUDA-graph capture.
+  routed (moe_decode_routed, 2 launches; one token):
+    x [T, H] --gate_up GEMV, x quantised in its prologue (all L rows)--> h [L, 2I] bf16
+      --down GEMV, SwiGLU + quantisation of h in its prologue, rows rounded to bf16 and combined with the
+        router weights (float32, fixed order) by the last-arriving program--> out [T, H] bf16
+    Every routed row reads its expert's bytes: an expert shared by several tokens is read several times.
 
-Launches of moe_decode_step: 2, whatever the split-K (epilogue.finish_rows). The quantisation points and
-roundings are those of quant_x_rows / swiglu_quant_rows and y is rounded to bf16 before the combine, so
-moe_decode_ref models both paths.
-moe_decode_grouped runs quant_x_rows, the tile build, two grouped GEMMs, swiglu_quant_rows and a combine.
+  grouped (moe_decode_grouped, 5 launches; a few tokens):
+    build_group_tiles (rows sorted by expert, tiles of block_m rows) ; quant_x_rows(x) ;
+    gate_up over the tiles (each tile reads its expert once for all its rows) -> h [L, 2I] ;
+    swiglu_quant_rows(h) ; down over the tiles + the same combine in its epilogue -> out [T, H]
+    Quantisation of x and of SwiGLU(h) is a launch of its own here: a tile of several rows would
+    otherwise quantise each row once per N tile, more work than the dot itself.
+
+gate_up is the fused [E, 2I, H] projection with the I gate rows first, then the I up rows. Both paths use
+the codes of quant_x_rows / swiglu_quant_rows and round each row to bf16 before the combine, and with
+the same block_k and split-K they give the same bits (the fold of epilogue.fold_blocks).
 Bytes: the routed experts' gate_up and down weights at 0.5625 bytes per weight dominate; e.g. OLMoE
-(H 2048, I 1024, A 8): 8 * 3 * 2048 * 1024 * 0.5625 = 28.3 MB, 7.7 us at 3.7 TB/s.
+(H 2048, I 1024, A 8): 8 * 3 * 2048 * 1024 * 0.5625 = 28.3 MB for one token.
 """
 from __future__ import annotations
 
@@ -106,15 +112,23 @@ def _check_moe(x, topk_ids, topk_w, gu_p, gu_s, dn_p, dn_s):
     return T, H, I, E
 
 
-def moe_decode_step(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales,
-                    *, split_k=None, plan=None):
-    """MoE FFN for T tokens through routed GEMVs: x [T, H] float -> bf16 [T, H].
+def moe_decode_step(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales):
+    """MoE FFN for T tokens: x [T, H] float -> bf16 [T, H], through the routed or the grouped path (module
+    doc; plan.moe_grouped decides from T and the GPU generation).
 
     topk_ids int [T, A] in [0, E), topk_w float [T, A] (router weights, applied in float32);
     gate_up_packed uint8 [E, 2I, H/2] + float16 scales [E, 2I, H/32] (gate rows first);
-    down_packed uint8 [E, H, I/2] + float16 scales [E, H, I/32]. `split_k` applies to both GEMVs
-    (None: the launch plan's choice per shape); `plan` (a GemvPlan) overrides the table row.
+    down_packed uint8 [E, H, I/2] + float16 scales [E, H, I/32].
     """
+    T = x.shape[0] if isinstance(x, torch.Tensor) and x.dim() == 2 else 1     # bad x: the path says why
+    path = moe_decode_grouped if _plan.moe_grouped(T, x.device if T > 1 else "cpu") else moe_decode_routed
+    return path(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales)
+
+
+def moe_decode_routed(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales,
+                      *, split_k=None, plan=None):
+    """moe_decode_step's contract through two routed GEMVs (module doc). `split_k` applies to both GEMVs
+    (None: the launch plan's choice per shape); `plan` (a GemvPlan) overrides the table row."""
     T, H, I, E = _check_moe(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales)
     A = topk_ids.shape[1]
     L = T * A
@@ -128,20 +142,20 @@ def moe_decode_step(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_pa
 
 
 def moe_decode_grouped(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales,
-                       *, block_m=16):
-    """moe_decode_step's contract through build_group_tiles + gemm_int4_b32_grouped (a few tokens)."""
+                       *, plan=None, split_k=None):
+    """moe_decode_step's contract through the grouped kernels (module doc). `plan` (a GroupedPlan) and
+    `split_k` apply to both projections (None: the table's choice per shape)."""
     T, H, I, E = _check_moe(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales)
     A = topk_ids.shape[1]
+    L = T * A
+    dev = x.device
+    p_gu = _plan.resolve_grouped(plan, 2 * I, H, L, E, dev, split_k)
+    p_dn = _plan.resolve_grouped(plan, H, I, L, E, dev, split_k)
+    tiles = build_group_tiles(topk_ids, E, p_gu.block_m)
     xq, xs = quant_x_rows(x)
-    tiles = build_group_tiles(topk_ids, E, block_m)
-    order = tiles.order.long()
-    tok = order // A                             # token of each sorted row
-    tile_args = (tiles.row0, tiles.rows, tiles.group)
-    h = gemm_int4_b32_grouped(xq[tok], xs[tok], gate_up_packed, gate_up_scales, *tile_args, block_m=block_m)
+    h = gemm_int4_b32_grouped(xq, xs, gate_up_packed, gate_up_scales, tiles, rows_per_x=A, plan=p_gu)
     aq, as_ = swiglu_quant_rows(h)
-    y = gemm_int4_b32_grouped(aq, as_, down_packed, down_scales, *tile_args, block_m=block_m)
-    inv = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
-    return combine_rows(y, topk_w, row_map=inv)
+    return gemm_int4_b32_grouped(aq, as_, down_packed, down_scales, tiles, topk_w=topk_w, plan=p_dn)
 
 
 def moe_decode_ref(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales):

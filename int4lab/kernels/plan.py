@@ -43,10 +43,15 @@ class GemvPlan:
 
 @dataclasses.dataclass(frozen=True)
 class GroupedPlan:
-    """Meta-parameters of one `gemm_int4_b32_grouped` launch (block_m is the caller's tile height)."""
+    """Meta-parameters of one `gemm_int4_b32_grouped` launch (and of the tiles built for it)."""
+    block_m: int        # rows per tile (build_group_tiles' block_m); mma needs >= 16
     block_n: int
+    block_k: int        # dp4a: K per loop step, a power of two >= 128 (mma: ignored, one 32-block per step)
     num_warps: int
     num_stages: int
+    waves: float = 0.25          # target programs per SM when choosing split-K
+    split_k: int | None = None   # None: chosen from `waves` by resolve_grouped
+    kind: str = "dp4a"           # "dp4a": grouped_dp4a.py; "mma": grouped_mma.py (tensor cores)
 
 
 # Per generation: rows (smallest N * K per expert, smallest R rows, smallest K / N, plan); the first row
@@ -69,11 +74,20 @@ GEMV_TABLE = {
 GEMV_TABLE["sm80"] = GEMV_TABLE["sm90"]
 # The tensor-core teaching variant (gemv_mma.py), in no table row; its best H200 configuration (v1).
 MMA_PLAN = GemvPlan(block_n=128, block_k=512, num_warps=8, num_stages=3, waves=4.0, kind="mma")
+# Grouped GEMV: rows (smallest mean rows per routed expert, plan), the last row that applies wins. The mean
+# L / min(E, L) is known before the routing (tokens, top-k, E), so the choice is capture-legal.
 GROUPED_TABLE = {
-    "sm90": GroupedPlan(block_n=64, num_warps=4, num_stages=3),
-    "sm80": GroupedPlan(block_n=64, num_warps=4, num_stages=3),
-    "interp": GroupedPlan(block_n=32, num_warps=1, num_stages=1),
+    "sm90": ((0.0, GroupedPlan(block_m=2, block_n=16, block_k=1024, num_warps=4, num_stages=2)),
+             (1.5, GroupedPlan(block_m=4, block_n=16, block_k=1024, num_warps=4, num_stages=2)),
+             (3.0, GroupedPlan(block_m=8, block_n=16, block_k=512, num_warps=4, num_stages=2)),
+             (6.0, GroupedPlan(block_m=16, block_n=16, block_k=256, num_warps=4, num_stages=2))),
+    "interp": ((0.0, GroupedPlan(block_m=4, block_n=32, block_k=256, num_warps=1, num_stages=1, waves=1.0)),),
 }
+GROUPED_TABLE["sm80"] = GROUPED_TABLE["sm90"]
+# MoE step: from how many tokens moe_decode_step takes the grouped path instead of the routed GEMVs (per
+# generation; 0 = never). The routed path reads an expert once per routed row in 2 launches; the grouped one
+# once per tile in 5 (route, quantise x, gate_up, SwiGLU + quantise, down + combine).
+MOE_GROUPED_FROM_TOKENS = {"sm90": 2, "sm80": 2, "interp": 2}
 # Elementwise kernels (activation quantisation, SwiGLU, combine, reduce): columns per program.
 ROW_BLOCK = {"sm90": 1024, "sm80": 1024, "interp": 256}
 
@@ -144,8 +158,48 @@ def _finish(base: GemvPlan, N: int, K: int, R: int, device, split_k: int | None)
     return dataclasses.replace(base, split_k=split_k)
 
 
-def grouped_plan(device, **override) -> GroupedPlan:
-    return dataclasses.replace(GROUPED_TABLE[generation(device)], **override)
+def grouped_plan(N: int, K: int, L: int, E: int, device, split_k: int | None = None, **override) -> GroupedPlan:
+    """The grouped plan for L routed rows over E experts of N x K weights: the table row for the mean rows
+    per routed expert L / min(E, L), `override` fields applied, split-K from `split_k` or the waves rule."""
+    mean = L / max(1, min(E, L))
+    row = None
+    for min_mean, p in GROUPED_TABLE[generation(device)]:
+        if mean >= min_mean:
+            row = p
+    return resolve_grouped(dataclasses.replace(row, **override), N, K, L, E, device, split_k)
+
+
+def resolve_grouped(plan: GroupedPlan | None, N: int, K: int, L: int, E: int, device,
+                    split_k: int | None = None) -> GroupedPlan:
+    """A caller's grouped plan (or the table's when None) with block_k capped at K's power of two and
+    split-K fixed: `split_k`, else the plan's, else enough programs for `waves` per SM over the tiles that
+    the rows need at least (ceil(L / block_m))."""
+    if plan is None:
+        return grouped_plan(N, K, L, E, device, split_k)
+    if not isinstance(plan, GroupedPlan):
+        raise TypeError(f"plan must be a GroupedPlan or None, got {type(plan).__name__}")
+    if plan.kind not in ("dp4a", "mma"):
+        raise ValueError(f"plan.kind must be 'dp4a' or 'mma', got {plan.kind!r}")
+    bm, bk = plan.block_m, plan.block_k
+    if bm < 1 or bm & (bm - 1) or (plan.kind == "mma" and bm < 16) or plan.block_n < 1:
+        raise ValueError(f"a grouped plan needs block_m a power of two (>= 16 for mma) and block_n >= 1, got {plan}")
+    if plan.kind == "dp4a" and (bk < 128 or bk & (bk - 1)):
+        raise ValueError(f"a dp4a grouped plan needs block_k a power of two >= 128, got {plan}")
+    plan = dataclasses.replace(plan, block_k=max(128, min(bk, 1 << (K - 1).bit_length())))
+    k_steps = -(-K // plan.block_k) if plan.kind == "dp4a" else K // 32
+    split_k = split_k if split_k is not None else plan.split_k
+    if split_k is None:
+        n_programs = -(-N // plan.block_n) * max(1, -(-L // bm))
+        split_k = choose_split_k(n_programs, k_steps, num_sms(device), plan.waves)
+    if not isinstance(split_k, int) or isinstance(split_k, bool) or not 1 <= split_k <= MAX_SPLIT_K:
+        raise ValueError(f"split_k must be an int in [1, {MAX_SPLIT_K}], got {split_k!r}")
+    return dataclasses.replace(plan, split_k=split_k)
+
+
+def moe_grouped(tokens: int, device) -> bool:
+    """Whether moe_decode_step takes the grouped path for `tokens` tokens (MOE_GROUPED_FROM_TOKENS)."""
+    start = MOE_GROUPED_FROM_TOKENS[generation(device)]
+    return bool(start) and tokens >= start
 
 
 def row_block(device) -> int:

@@ -35,6 +35,16 @@ VARIANTS = [("dp4a sm90 big row bn16 bk2048 w4, fused quant", "dp4a", 16, 2048, 
             ("mma v2 bn64 w4 s4 bk256 defer, codes in, split 4", "mma", 64, 256, 4, 4, True, 0, 4)]
 
 
+# Grouped kernels: (label, kind, block_m, block_n, block_k, num_warps, split_k, topk)
+GROUPED_VARIANTS = [("grouped dp4a bm2 bn16 bk1024 w4", "dp4a", 2, 16, 1024, 4, 1, 1),
+                    ("grouped dp4a bm4 bn16 bk1024 w4", "dp4a", 4, 16, 1024, 4, 1, 1),
+                    ("grouped dp4a bm8 bn16 bk512 w4, combine", "dp4a", 8, 16, 512, 4, 1, 8),
+                    ("grouped dp4a bm16 bn16 bk256 w4", "dp4a", 16, 16, 256, 4, 1, 1),
+                    ("grouped dp4a bm4 bn32 bk512 w4, split 2", "dp4a", 4, 32, 512, 4, 2, 1),
+                    ("grouped mma bm16 bn64 w4", "mma", 16, 64, 32, 4, 1, 1),
+                    ("grouped mma bm16 bn128 w8, combine", "mma", 16, 128, 32, 8, 1, 8)]
+
+
 def _tool(name):
     import triton
     return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
@@ -72,6 +82,33 @@ def compile_variant(kind, bn, bk, nw, ns, flag, x_mode, split_k, arch=90):
                           target=GPUTarget("cuda", arch, 32), options={"num_warps": nw, "num_stages": ns})
 
 
+def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, arch=90):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ..kernels.grouped_dp4a import grouped_dp4a_kernel
+    from ..kernels.grouped_mma import grouped_mma_kernel
+    dp4a = kind == "dp4a"
+    sig = {"x_ptr": "*i32" if dp4a else "*i8", "xs_ptr": "*fp32", "w_ptr": "*i32" if dp4a else "*u8",
+           "ws_ptr": "*fp16", "order_ptr": "*i32", "row0_ptr": "*i32", "rows_ptr": "*i32", "group_ptr": "*i32",
+           "out_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32", "tw_ptr": "*fp32", "L": "i32", "N": "i32",
+           "E": "i32", "stride_x": "i32", "stride_xs": "i32", "stride_we": "i32", "KW" if dp4a else "KH": "i32",
+           "stride_se": "i32", "KB": "i32"}
+    cst = {"ROWS_PER_X": 1, "SPLIT_K": split_k, "TOPK": topk, "BLOCK_M": bm, "BLOCK_N": bn, "HAS_W": topk > 1}
+    if dp4a:
+        cst.update(TILES_PER_SPLIT=2, BLOCK_K=bk, USE_ASM=True)
+    else:
+        cst.update(BLOCKS_PER_SPLIT=64)
+    sig.update({k: "constexpr" for k in cst})
+    names = list(sig)
+    aligned = [k for k, t in sig.items() if t.startswith("*")] + ["stride_x", "stride_we", names[18], "stride_se", "KB"]
+    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in aligned}
+    return triton.compile(ASTSource(fn=grouped_dp4a_kernel if dp4a else grouped_mma_kernel, signature=sig,
+                                    constexprs=cst, attrs=attrs),
+                          target=GPUTarget("cuda", arch, 32), options={"num_warps": nw, "num_stages": 2})
+
+
 def report(kernel, arch=90) -> dict:
     with tempfile.TemporaryDirectory() as d:
         ptx, cubin = Path(d) / "k.ptx", Path(d) / "k.cubin"
@@ -84,12 +121,14 @@ def report(kernel, arch=90) -> dict:
     regs = re.search(r"Used (\d+) registers", v)
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", v)
     inst = re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9.]+)", sass)    # /*addr*/ [@P] OP.mod
-    ops = Counter(m.group(1).split(".")[0] for m in inst)
+    full = [m.group(1) for m in inst]
+    ops = Counter(op.split(".")[0] for op in full)
     return {"registers": int(regs.group(1)) if regs else None,
             "spill_store_bytes": int(spill.group(1)) if spill else None,
             "spill_load_bytes": int(spill.group(2)) if spill else None,
             "shared_bytes": kernel.metadata.shared,
-            "sass_counts": {k: ops.get(k, 0) for k in SASS_OPS}}
+            "sass_counts": {k: ops.get(k, 0) for k in SASS_OPS},
+            "ldg_128": sum(op.startswith("LDG") and op.endswith(".128") for op in full)}
 
 
 def main(argv=None) -> int:
@@ -100,13 +139,16 @@ def main(argv=None) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise SystemExit("set TRITON_INTERPRET=0: this compiles for a GPU target instead of interpreting")
     rows = []
-    for label, *cfg in VARIANTS:
-        r = {"variant": label, **report(compile_variant(*cfg, arch=args.arch), args.arch)}
+    todo = [(label, compile_variant, cfg) for label, *cfg in VARIANTS]
+    todo += [(label, compile_grouped, cfg) for label, *cfg in GROUPED_VARIANTS]
+    for label, build, cfg in todo:
+        r = {"variant": label, **report(build(*cfg, arch=args.arch), args.arch)}
         rows.append(r)
         c = r["sass_counts"]
         print(f"{label:44s} regs {r['registers']!s:>4} spill st/ld {r['spill_store_bytes']!s:>5}/"
               f"{r['spill_load_bytes']!s:<5} smem {r['shared_bytes']:6d}  " +
-              " ".join(f"{k} {c[k]}" for k in ("IGMMA", "IMMA", "LDL", "STL", "BAR", "SHFL", "IMAD", "PRMT", "CALL")),
+              " ".join(f"{k} {c[k]}" for k in ("IGMMA", "IMMA", "LDL", "STL", "BAR", "SHFL", "IDP", "PRMT", "CALL")) +
+              f" LDG.128 {r['ldg_128']}",
               flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
