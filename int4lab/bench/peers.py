@@ -291,7 +291,7 @@ def _int4_peer(name: str):
 
 
 MOE_PEERS: dict[str, Callable[..., Prepared]] = {
-    "int4_b32_moe": _int4_peer("moe_decode_step"), "bf16_loop": _bf16_peer(_bf16_loop),
+    "int4_b32_moe": _int4_peer("moe_decode_routed"), "bf16_loop": _bf16_peer(_bf16_loop),
     "grouped_mm": prep_grouped_mm, "int4_b32_grouped": _int4_peer("moe_decode_grouped"),
 }
 

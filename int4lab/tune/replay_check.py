@@ -5,7 +5,8 @@ GEMV's determinism claim, checked on a GPU (and small enough to run under comput
     compute-sanitizer --tool memcheck python -m int4lab.tune.replay_check --small --replays 3 --out m.json
 
 Cases: a dense W4A8 GEMV per shape (table plan, and a forced split-K plan so the last-arriving finish
-runs), and a one-token MoE step per model (gate_up + down with the fused combine). Each case is captured
+runs), and a MoE step per model at 1 token (the routed path: gate_up + down with the fused combine) and
+at 8 tokens (the grouped path: routing tiles, grouped gate_up and down). Each case is captured
 once, replayed `replays` times on fresh poison, and every replay must equal the eager call bit for bit.
 """
 from __future__ import annotations
@@ -67,12 +68,13 @@ def run(replays: int = 100, small: bool = False) -> dict:
         A = min(A, E)
         gu = pack_int4_b32(torch.randn(E, 2 * I, H, device=dev))
         dn = pack_int4_b32(torch.randn(E, H, I, device=dev))
-        x = torch.randn(1, H, device=dev, dtype=torch.bfloat16)
-        ids = torch.randperm(E, device=dev)[:A].view(1, A).int()
-        tw = torch.softmax(torch.randn(1, A, device=dev), -1)
-        same = _replays_identical(lambda: moe_decode_step(x, ids, tw, *gu, *dn), replays)
-        rows.append({"case": f"moe {name} (H {H}, I {I}, E {E}, top-{A})", "replays_identical": bool(same),
-                     "counters_zero": _counters_zero()})
+        for T in (1, 8):                  # one token: the routed path; 8: the grouped one (moe_decode_step)
+            x = torch.randn(T, H, device=dev, dtype=torch.bfloat16)
+            ids = torch.stack([torch.randperm(E, device=dev)[:A] for _ in range(T)]).int()
+            tw = torch.softmax(torch.randn(T, A, device=dev), -1)
+            same = _replays_identical(lambda: moe_decode_step(x, ids, tw, *gu, *dn), replays)
+            rows.append({"case": f"moe {name} T{T} (H {H}, I {I}, E {E}, top-{A})", "replays_identical": bool(same),
+                         "counters_zero": _counters_zero()})
     return {"replays": replays, "rows": rows, "all_pass": all(r["replays_identical"] and r["counters_zero"]
                                                                for r in rows)}
 

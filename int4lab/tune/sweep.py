@@ -27,8 +27,8 @@ import torch
 from ..bench.timing import copies_for, l2_bytes, summarise, time_calls
 from ..bench.traffic import gemv_bytes
 from ..kernels.gemv import int4_linear
-from ..kernels.moe import moe_decode_step
-from ..kernels.plan import MMA_PLAN, GemvPlan, gemv_plan, num_sms
+from ..kernels.moe import moe_decode_grouped, moe_decode_routed
+from ..kernels.plan import MMA_PLAN, GemvPlan, GroupedPlan, gemv_plan, grouped_plan, num_sms
 from ..receipts import write_receipt
 from ..shapes import MODELS, all_shapes, by_priority
 
@@ -132,9 +132,69 @@ def sweep_moe(model, dev, rows, plans=(("table", None),), replays=REPLAYS):
     nbytes = A * (int4_bytes(2 * I, H) + int4_bytes(H, I))
     row = {"model": model, "E": E, "topk": A, "H": H, "I": I, "bytes_int4_b32": nbytes, "copies": sets}
     for label, p in plans:
-        row[f"us_{label}"] = time_copies(lambda i: moe_decode_step(x, ids[i], tw, *gu, *dn, plan=p), sets, replays)
+        row[f"us_{label}"] = time_copies(lambda i: moe_decode_routed(x, ids[i], tw, *gu, *dn, plan=p), sets, replays)
     rows.append(row)
     print(f"moe {model:8s} " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items() if k.startswith("us_")), flush=True)
+
+
+# Grouped MoE step: (block_n, block_k, num_warps) tried for each block_m, keeping the dp4a product tensor at
+# <= 64 int32 per thread (block_m * block_n * block_k / 8 / (32 * num_warps)): more spills (resources.py).
+GROUPED_SHAPES = [(16, 1024, 4), (32, 512, 4), (16, 512, 4), (8, 1024, 4), (16, 256, 4), (32, 256, 8)]
+GROUPED_TOKENS = (4, 16, 64, 2, 8, 32)
+
+
+def grouped_variants(L: int, E: int, K_min: int):
+    """(label, GroupedPlan or None) to try for L routed rows over E experts: the table (None), then dp4a
+    tiles of block_m around the mean rows per routed expert, then two tensor-core tiles (block_m 16)."""
+    mean = L / max(1, min(E, L))
+    bm0 = min(16, 1 << max(0, math.ceil(mean) - 1).bit_length())
+    out = [("table", None)]
+    for bm in sorted({max(1, bm0 // 2), bm0, min(16, 2 * bm0)}):
+        fits = [(bn, bk, nw) for bn, bk, nw in GROUPED_SHAPES
+                if bm * bn * bk // 8 <= 64 * 32 * nw and bk <= max(128, 1 << (K_min - 1).bit_length())]
+        for bn, bk, nw in fits[:4]:
+            out.append((f"dp4a_bm{bm}_bn{bn}_bk{bk}_w{nw}", GroupedPlan(bm, bn, bk, nw, 2)))
+    if mean >= 2:
+        out += [("mma_bm16_bn64_w4", GroupedPlan(16, 64, 32, 4, 2, kind="mma")),
+                ("mma_bm16_bn128_w8", GroupedPlan(16, 128, 32, 8, 2, kind="mma"))]
+    return out
+
+
+def sweep_grouped(model, tokens, dev, rows, deadline, l2=60 * 2**20, replays=REPLAYS):
+    """Time the routed path and grouped variants for one (model, tokens): the bench's routing, random bytes."""
+    from ..bench.peers import n_active, routing
+    m = MODELS[model]
+    E, A, H, I = m.n_experts, m.top_k, m.hidden, m.intermediate
+    ids_c, tw_c = routing(m, tokens)
+    ids, tw = ids_c.to(dev), tw_c.to(dev)
+    act = n_active(ids_c)
+    nbytes = act * (int4_bytes(2 * I, H) + int4_bytes(H, I))
+    copies = copies_for(nbytes, l2, cap=16)
+    gu = dense_weights(2 * I, H, copies * E, dev)
+    dn = dense_weights(H, I, copies * E, dev)
+    w = [(gu[0][i * E:(i + 1) * E], gu[1][i * E:(i + 1) * E], dn[0][i * E:(i + 1) * E], dn[1][i * E:(i + 1) * E])
+         for i in range(copies)]
+    x = torch.randn(tokens, H, device=dev).bfloat16()
+    L = tokens * A
+    row = {"model": model, "tokens": tokens, "E": E, "topk": A, "n_active": act, "bytes_int4_b32": nbytes,
+           "copies": copies, "mean_rows_per_expert": L / min(E, L), "us": {}}
+    row["us"]["routed"] = time_copies(lambda i: moe_decode_routed(x, ids, tw, *w[i]), copies, replays)
+    for label, p in grouped_variants(L, E, min(H, I)):
+        if time.time() > deadline:
+            row["truncated"] = True
+            break
+        try:
+            row["us"][label] = time_copies(lambda i: moe_decode_grouped(x, ids, tw, *w[i], plan=p), copies, replays)
+        except Exception as e:                         # a variant that fails to compile is a result too
+            row["us"][label] = f"{type(e).__name__}: {str(e)[:160]}"
+    row["table_plan"] = dataclasses.asdict(grouped_plan(2 * I, H, L, E, dev))
+    ok = {k: v for k, v in row["us"].items() if isinstance(v, float)}
+    row["best"] = min(ok, key=ok.get)
+    rows.append(row)
+    print(f"grouped {model:8s} T{tokens:<3d} active {act:3d}  routed {row['us']['routed']:8.1f}  "
+          f"table {ok.get('table', float('nan')):8.1f}  best {ok[row['best']]:8.1f} ({row['best']})", flush=True)
+    del gu, dn, w
+    torch.cuda.empty_cache()
 
 
 def pick_plan(payload: dict, prefix: str = "dp4a_") -> dict | None:
@@ -161,6 +221,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-moe", action="store_true", help="dense shapes only")
     ap.add_argument("--replays", type=int, default=REPLAYS, help="timed graph replays per variant (median)")
     ap.add_argument("--pick", action="store_true", help="read --out and print the best dp4a plan as JSON")
+    ap.add_argument("--grouped", action="store_true",
+                    help="time the MoE step's routed path and grouped variants per (model, tokens) instead")
     args = ap.parse_args(argv)
     if args.pick:
         print(json.dumps(pick_plan(json.loads(args.out.read_text()))))
@@ -170,6 +232,16 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     deadline = time.time() + args.budget_s
     dense, moe = [], []
+    if args.grouped:
+        grouped = []
+        payload = {"method": f"int4lab.bench.timing, median of {args.replays} replays; routing of "
+                             "int4lab.bench.peers.routing; random weight bytes", "l2_bytes": l2, "grouped": grouped}
+        for T in GROUPED_TOKENS:
+            for model in MODELS:
+                if time.time() < deadline:
+                    sweep_grouped(model, T, dev, grouped, deadline, l2=l2, replays=args.replays)
+                    write_receipt(args.out, payload, command=COMMAND + " --grouped")
+        return 0
     payload = {"method": "int4lab.bench.timing: CUDA-graph replay, weights rotated until copies*bytes > 4x L2, "
                          f"median of {args.replays} replays", "l2_bytes": l2, "sms": num_sms(dev), "dense": dense,
                "moe": moe}
