@@ -385,17 +385,25 @@ def test_grouped_and_routed_moe_same_bits(device, split_k, block_m):
 
 
 def test_moe_decode_step_dispatch(device, monkeypatch):
-    """moe_decode_step takes the path plan.moe_grouped names for the token count (never the routing)."""
+    """moe_decode_step takes the path plan.moe_grouped names for (tokens, top-k, E), never from the routing."""
     from int4lab.kernels import moe as moe_mod
     seen = []
     monkeypatch.setattr(moe_mod, "moe_decode_routed", lambda *a, **k: seen.append("routed"))
     monkeypatch.setattr(moe_mod, "moe_decode_grouped", lambda *a, **k: seen.append("grouped"))
-    first = plan_mod.MOE_GROUPED_FROM_TOKENS[plan_mod.generation(device)]
-    w = moe_weights(4, 64, 64, device)
-    for T in (1, first, first + 3):
+    w = moe_weights(4, 64, 64, device)                  # E = 4, top-2: mean rows per expert = T / 2 from T = 2
+    start = plan_mod.MOE_GROUPED_FROM_MEAN_ROWS[plan_mod.generation(device)]
+    tokens = (1, 3, 2 * int(start), 2 * int(start) + 5)
+    for T in tokens:
         moe_mod.moe_decode_step(torch.randn(T, 64, device=device), torch.zeros(T, 2, dtype=torch.int32,
                                 device=device), torch.rand(T, 2, device=device), *w)
-    assert seen == ["routed" if first == 0 or T < first else "grouped" for T in (1, first, first + 3)]
+    assert seen == ["grouped" if 2 * T / min(4, 2 * T) >= start else "routed" for T in tokens]
+    assert seen[0] == "routed" and seen[-1] == "grouped"
+    sm90 = dict(generation=lambda _: "sm90")
+    with monkeypatch.context() as mp:                   # the H200 rule on the bench's models (notes/perf.md v8)
+        mp.setattr(plan_mod, "generation", sm90["generation"])
+        assert [plan_mod.moe_grouped(T, 2, 8, "cpu") for T in (1, 16, 32, 64)] == [False, False, True, True]
+        assert [plan_mod.moe_grouped(T, 8, 64, "cpu") for T in (8, 32, 64)] == [False, False, True]
+        assert not any(plan_mod.moe_grouped(T, 8, 128, "cpu") for T in (1, 8, 64))
 
 
 def test_combine_rows_order(device):

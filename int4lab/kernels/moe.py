@@ -3,16 +3,17 @@
 Shape legend: T = tokens, A = experts per token (top-k), L = T * A routed rows, E = experts,
 H = hidden size, I = expert intermediate size.
 
-Two paths, one contract (moe_decode_ref), chosen by moe_decode_step from (tokens, generation) through
-plan.moe_grouped, so the choice never depends on the routing and the call stays capture-legal:
+Two paths, one contract (moe_decode_ref), chosen by moe_decode_step from (tokens, top-k, E, generation)
+through plan.moe_grouped, so the choice never depends on the routing and the call stays capture-legal:
 
-  routed (moe_decode_routed, 2 launches; one token):
+  routed (moe_decode_routed, 2 launches; up to a few rows per routed expert):
     x [T, H] --gate_up GEMV, x quantised in its prologue (all L rows)--> h [L, 2I] bf16
       --down GEMV, SwiGLU + quantisation of h in its prologue, rows rounded to bf16 and combined with the
         router weights (float32, fixed order) by the last-arriving program--> out [T, H] bf16
-    Every routed row reads its expert's bytes: an expert shared by several tokens is read several times.
+    Every routed row reads its expert's bytes; rows of one expert running at the same time share them
+    through L2, which is why this path stays ahead up to ~4 rows per expert on the H200 (notes/perf.md v8).
 
-  grouped (moe_decode_grouped, 5 launches; a few tokens):
+  grouped (moe_decode_grouped, 5 launches; many rows per routed expert):
     build_group_tiles (rows sorted by expert, tiles of block_m rows) ; quant_x_rows(x) ;
     gate_up over the tiles (each tile reads its expert once for all its rows) -> h [L, 2I] ;
     swiglu_quant_rows(h) ; down over the tiles + the same combine in its epilogue -> out [T, H]
@@ -114,14 +115,15 @@ def _check_moe(x, topk_ids, topk_w, gu_p, gu_s, dn_p, dn_s):
 
 def moe_decode_step(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales):
     """MoE FFN for T tokens: x [T, H] float -> bf16 [T, H], through the routed or the grouped path (module
-    doc; plan.moe_grouped decides from T and the GPU generation).
+    doc; plan.moe_grouped decides from the mean rows per routed expert and the GPU generation).
 
     topk_ids int [T, A] in [0, E), topk_w float [T, A] (router weights, applied in float32);
     gate_up_packed uint8 [E, 2I, H/2] + float16 scales [E, 2I, H/32] (gate rows first);
     down_packed uint8 [E, H, I/2] + float16 scales [E, H, I/32].
     """
-    T = x.shape[0] if isinstance(x, torch.Tensor) and x.dim() == 2 else 1     # bad x: the path says why
-    path = moe_decode_grouped if _plan.moe_grouped(T, x.device if T > 1 else "cpu") else moe_decode_routed
+    T, H, I, E = _check_moe(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales)
+    grouped = _plan.moe_grouped(T, topk_ids.shape[1], E, x.device)
+    path = moe_decode_grouped if grouped else moe_decode_routed
     return path(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales)
 
 

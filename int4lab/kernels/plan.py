@@ -75,19 +75,22 @@ GEMV_TABLE["sm80"] = GEMV_TABLE["sm90"]
 # The tensor-core teaching variant (gemv_mma.py), in no table row; its best H200 configuration (v1).
 MMA_PLAN = GemvPlan(block_n=128, block_k=512, num_warps=8, num_stages=3, waves=4.0, kind="mma")
 # Grouped GEMV: rows (smallest mean rows per routed expert, plan), the last row that applies wins. The mean
-# L / min(E, L) is known before the routing (tokens, top-k, E), so the choice is capture-legal.
+# L / min(E, L) is known before the routing (tokens, top-k, E), so the choice is capture-legal. sm90 rows: the
+# best variant per mean in the H200 sweep of notes/perf.md v8 (data/receipts/grouped_sweep_h200.json): dp4a
+# tiles of 1-4 rows with block_n 32, the tensor-core tile from 6 rows per expert on.
 GROUPED_TABLE = {
-    "sm90": ((0.0, GroupedPlan(block_m=2, block_n=16, block_k=1024, num_warps=4, num_stages=2)),
-             (1.5, GroupedPlan(block_m=4, block_n=16, block_k=1024, num_warps=4, num_stages=2)),
-             (3.0, GroupedPlan(block_m=8, block_n=16, block_k=512, num_warps=4, num_stages=2)),
-             (6.0, GroupedPlan(block_m=16, block_n=16, block_k=256, num_warps=4, num_stages=2))),
+    "sm90": ((0.0, GroupedPlan(block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=2)),
+             (1.5, GroupedPlan(block_m=2, block_n=32, block_k=512, num_warps=4, num_stages=2)),
+             (3.0, GroupedPlan(block_m=4, block_n=32, block_k=512, num_warps=4, num_stages=2)),
+             (6.0, GroupedPlan(block_m=16, block_n=64, block_k=32, num_warps=4, num_stages=2, kind="mma"))),
     "interp": ((0.0, GroupedPlan(block_m=4, block_n=32, block_k=256, num_warps=1, num_stages=1, waves=1.0)),),
 }
 GROUPED_TABLE["sm80"] = GROUPED_TABLE["sm90"]
-# MoE step: from how many tokens moe_decode_step takes the grouped path instead of the routed GEMVs (per
-# generation; 0 = never). The routed path reads an expert once per routed row in 2 launches; the grouped one
-# once per tile in 5 (route, quantise x, gate_up, SwiGLU + quantise, down + combine).
-MOE_GROUPED_FROM_TOKENS = {"sm90": 2, "sm80": 2, "interp": 2}
+# MoE step: from how many mean rows per routed expert (L / min(E, L)) moe_decode_step takes the grouped path
+# instead of the routed GEMVs (0 = always). H200 sweep v8: the routed path (2 launches; concurrent rows of
+# one expert share its bytes through L2) is faster up to 4 mean rows on all three models; the grouped
+# tensor-core tile wins from 8 (Mixtral 32 and 64 tokens, OLMoE 64). The interpreter row exercises both.
+MOE_GROUPED_FROM_MEAN_ROWS = {"sm90": 8.0, "sm80": 8.0, "interp": 2.0}
 # Elementwise kernels (activation quantisation, SwiGLU, combine, reduce): columns per program.
 ROW_BLOCK = {"sm90": 1024, "sm80": 1024, "interp": 256}
 
@@ -196,10 +199,11 @@ def resolve_grouped(plan: GroupedPlan | None, N: int, K: int, L: int, E: int, de
     return dataclasses.replace(plan, split_k=split_k)
 
 
-def moe_grouped(tokens: int, device) -> bool:
-    """Whether moe_decode_step takes the grouped path for `tokens` tokens (MOE_GROUPED_FROM_TOKENS)."""
-    start = MOE_GROUPED_FROM_TOKENS[generation(device)]
-    return bool(start) and tokens >= start
+def moe_grouped(tokens: int, top_k: int, experts: int, device) -> bool:
+    """Whether moe_decode_step takes the grouped path: mean rows per routed expert, tokens * top_k /
+    min(experts, tokens * top_k), at least MOE_GROUPED_FROM_MEAN_ROWS of the generation."""
+    L = tokens * top_k
+    return L > 0 and L / min(experts, L) >= MOE_GROUPED_FROM_MEAN_ROWS[generation(device)]
 
 
 def row_block(device) -> int:
