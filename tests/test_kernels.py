@@ -313,7 +313,7 @@ def grouped_case(device, E, N, K, L, block_m, kind="dp4a", split_k=1, rows_per_x
 @pytest.mark.parametrize("E,N,K,L,block_m,split_k,rows_per_x", [
     (4, 24, 96, 6, 4, 1, 1),        # tokens < block_m for most experts, a K tail inside the tile
     (3, 40, 288, 16, 2, 3, 2),      # split-K (a ragged last split), two rows per x row (gate_up's token map)
-    (2, 16, 64, 20, 16, 1, 1),      # one expert with every row: two tiles of it
+    (2, 16, 64, 20, 8, 1, 1),       # one expert with all but a few rows: tiles of 8 (every unrolled row live)
     (5, 17, 128, 7, 1, 2, 1)])      # block_m 1: the routed GEMV's shape, ragged N
 def test_grouped_dp4a_matches_reference(device, E, N, K, L, block_m, split_k, rows_per_x):
     got, ref, args = grouped_case(device, E, N, K, L, block_m, split_k=split_k, rows_per_x=rows_per_x)
@@ -506,8 +506,10 @@ def test_bad_inputs(device):
         gemm_int4_b32_grouped(xq, xs, packed, scales, t, rows_per_x=0)
     with pytest.raises(ValueError, match=r"plan.block_m \(8\) must equal tiles.block_m \(4\)"):
         gemm_int4_b32_grouped(xq, xs, packed, scales, t, plan=GroupedPlan(8, 16, 256, 1, 1))
-    with pytest.raises(ValueError, match=r"block_m a power of two \(>= 16 for mma\)"):
+    with pytest.raises(ValueError, match=r"block_m a power of two \(>= 16 for mma"):
         gemm_int4_b32_grouped(xq, xs, packed, scales, t, plan=GroupedPlan(4, 16, 256, 1, 1, kind="mma"))
+    with pytest.raises(ValueError, match=r"<= 8 for dp4a: rows unrolled per program"):
+        gemm_int4_b32_grouped(xq, xs, packed, scales, t, plan=GroupedPlan(16, 16, 256, 1, 1))
     with pytest.raises(ValueError, match="at most 8192 routed rows"):
         build_group_tiles(torch.zeros(MAX_ROUTED_ROWS + 1, dtype=torch.int32, device=device), E, 16)
     gp, gs, dp, ds = moe_weights(E, K, 32, device)

@@ -184,8 +184,10 @@ def resolve_grouped(plan: GroupedPlan | None, N: int, K: int, L: int, E: int, de
     if plan.kind not in ("dp4a", "mma"):
         raise ValueError(f"plan.kind must be 'dp4a' or 'mma', got {plan.kind!r}")
     bm, bk = plan.block_m, plan.block_k
-    if bm < 1 or bm & (bm - 1) or (plan.kind == "mma" and bm < 16) or plan.block_n < 1:
-        raise ValueError(f"a grouped plan needs block_m a power of two (>= 16 for mma) and block_n >= 1, got {plan}")
+    if (bm < 1 or bm & (bm - 1) or (plan.kind == "mma" and bm < 16) or (plan.kind == "dp4a" and bm > 8)
+            or plan.block_n < 1):
+        raise ValueError(f"a grouped plan needs block_m a power of two (>= 16 for mma, <= 8 for dp4a: rows "
+                         f"unrolled per program) and block_n >= 1, got {plan}")
     if plan.kind == "dp4a" and (bk < 128 or bk & (bk - 1)):
         raise ValueError(f"a dp4a grouped plan needs block_k a power of two >= 128, got {plan}")
     plan = dataclasses.replace(plan, block_k=max(128, min(bk, 1 << (K - 1).bit_length())))

@@ -36,10 +36,11 @@ VARIANTS = [("dp4a sm90 big row bn16 bk2048 w4, fused quant", "dp4a", 16, 2048, 
 
 
 # Grouped kernels: (label, kind, block_m, block_n, block_k, num_warps, split_k, topk)
-GROUPED_VARIANTS = [("grouped dp4a bm2 bn16 bk1024 w4", "dp4a", 2, 16, 1024, 4, 1, 1),
+GROUPED_VARIANTS = [("grouped dp4a bm1 bn32 bk1024 w4 (the routed row's tile)", "dp4a", 1, 32, 1024, 4, 1, 1),
+                    ("grouped dp4a bm2 bn16 bk1024 w4", "dp4a", 2, 16, 1024, 4, 1, 1),
                     ("grouped dp4a bm4 bn16 bk1024 w4", "dp4a", 4, 16, 1024, 4, 1, 1),
                     ("grouped dp4a bm8 bn16 bk512 w4, combine", "dp4a", 8, 16, 512, 4, 1, 8),
-                    ("grouped dp4a bm16 bn16 bk256 w4", "dp4a", 16, 16, 256, 4, 1, 1),
+                    ("grouped dp4a bm8 bn32 bk1024 w4", "dp4a", 8, 32, 1024, 4, 1, 1),
                     ("grouped dp4a bm4 bn32 bk512 w4, split 2", "dp4a", 4, 32, 512, 4, 2, 1),
                     ("grouped mma bm16 bn64 w4", "mma", 16, 64, 32, 4, 1, 1),
                     ("grouped mma bm16 bn128 w8, combine", "mma", 16, 128, 32, 8, 1, 8)]

@@ -137,9 +137,12 @@ def sweep_moe(model, dev, rows, plans=(("table", None),), replays=REPLAYS):
     print(f"moe {model:8s} " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items() if k.startswith("us_")), flush=True)
 
 
-# Grouped MoE step: (block_n, block_k, num_warps) tried for each block_m, keeping the dp4a product tensor at
-# <= 64 int32 per thread (block_m * block_n * block_k / 8 / (32 * num_warps)): more spills (resources.py).
-GROUPED_SHAPES = [(16, 1024, 4), (32, 512, 4), (16, 512, 4), (8, 1024, 4), (16, 256, 4), (32, 256, 8)]
+# Grouped MoE step: (block_n, block_k, num_warps) tried for each block_m. The dp4a kernel unrolls its rows
+# over one shared weight tile, so the tile is sized like the routed GEMV's (<= 64 weight words per thread,
+# block_n * block_k / 8 / (32 * num_warps)); block_m adds one [block_n, block_k / 32] accumulator per row.
+# The compile report (tune/resources.py) shows bk 512 tiles free of layout conversions (no SHFL) and bk 1024
+# ones paying 64 shuffles per row, hence the order.
+GROUPED_SHAPES = [(32, 512, 4), (16, 512, 4), (64, 512, 8), (32, 1024, 4), (16, 1024, 4), (32, 256, 4)]
 GROUPED_TOKENS = (4, 16, 64, 2, 8, 32)
 
 
@@ -147,11 +150,11 @@ def grouped_variants(L: int, E: int, K_min: int):
     """(label, GroupedPlan or None) to try for L routed rows over E experts: the table (None), then dp4a
     tiles of block_m around the mean rows per routed expert, then two tensor-core tiles (block_m 16)."""
     mean = L / max(1, min(E, L))
-    bm0 = min(16, 1 << max(0, math.ceil(mean) - 1).bit_length())
+    bm0 = min(8, 1 << max(0, math.ceil(mean) - 1).bit_length())
     out = [("table", None)]
-    for bm in sorted({max(1, bm0 // 2), bm0, min(16, 2 * bm0)}):
+    for bm in sorted({max(1, bm0 // 2), bm0, min(8, 2 * bm0)}):
         fits = [(bn, bk, nw) for bn, bk, nw in GROUPED_SHAPES
-                if bm * bn * bk // 8 <= 64 * 32 * nw and bk <= max(128, 1 << (K_min - 1).bit_length())]
+                if bn * bk // 8 <= 64 * 32 * nw and bk <= max(128, 1 << (K_min - 1).bit_length())]
         for bn, bk, nw in fits[:4]:
             out.append((f"dp4a_bm{bm}_bn{bn}_bk{bk}_w{nw}", GroupedPlan(bm, bn, bk, nw, 2)))
     if mean >= 2:
@@ -223,6 +226,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pick", action="store_true", help="read --out and print the best dp4a plan as JSON")
     ap.add_argument("--grouped", action="store_true",
                     help="time the MoE step's routed path and grouped variants per (model, tokens) instead")
+    ap.add_argument("--tokens", type=int, nargs="+", default=None,
+                    help=f"--grouped: decode batches to time (default {GROUPED_TOKENS})")
     args = ap.parse_args(argv)
     if args.pick:
         print(json.dumps(pick_plan(json.loads(args.out.read_text()))))
@@ -236,7 +241,7 @@ def main(argv=None) -> int:
         grouped = []
         payload = {"method": f"int4lab.bench.timing, median of {args.replays} replays; routing of "
                              "int4lab.bench.peers.routing; random weight bytes", "l2_bytes": l2, "grouped": grouped}
-        for T in GROUPED_TOKENS:
+        for T in args.tokens or GROUPED_TOKENS:
             for model in MODELS:
                 if time.time() < deadline:
                     sweep_grouped(model, T, dev, grouped, deadline, l2=l2, replays=args.replays)
