@@ -6,6 +6,7 @@
 # Give the sha literally (computed on this side: the GPU copy may carry a stale .git whose HEAD is wrong).
 #   STAGES=checks bash scripts/h200_session.sh   then   STAGES=bench bash ...   (two calls of < 10 minutes)
 #   STAGES=grouped,quick: the grouped MoE sweep (int4lab.tune.sweep --grouped) and a quick bench, a probe call
+#   (GROUPED_TOKENS="4 16 64" limits the sweep's batches; GROUPED_BUDGET_S its seconds)
 # Writes under $OUT: cuda_tests_h200.txt, replay_check.json, sanitizer_h200.txt, decode_h200.json (with the
 # replay and sanitizer results attached), and kernel_sweep_dp4a.json / gptq_pack_h200.json when asked.
 set -uo pipefail
@@ -41,7 +42,7 @@ fi
 if [[ $STAGES == *grouped* ]]; then
   echo "== 3c. grouped MoE sweep: routed path vs grouped variants per (model, tokens) ($(( $(date +%s) - t0 )) s in)"
   timeout $(( ${GROUPED_BUDGET_S:-200} + 90 )) python3 -m int4lab.tune.sweep --grouped --budget-s ${GROUPED_BUDGET_S:-200} \
-    --replays 20 --out "$OUT/grouped_sweep_h200.json"
+    --replays 20 ${GROUPED_TOKENS:+--tokens $GROUPED_TOKENS} --out "$OUT/grouped_sweep_h200.json"
 fi
 if [[ $STAGES == *quick* ]]; then
   echo "== 3d. quick bench (two GEMV shapes, Qwen3 MoE at 1 and 8 tokens) ($(( $(date +%s) - t0 )) s in)"
