@@ -79,18 +79,22 @@ MMA_PLAN = GemvPlan(block_n=128, block_k=512, num_warps=8, num_stages=3, waves=4
 # best variant per mean in the H200 sweep of notes/perf.md v8 (data/receipts/grouped_sweep_h200.json): dp4a
 # tiles of 1-4 rows with block_n 32, the tensor-core tile from 6 rows per expert on.
 GROUPED_TABLE = {
+    # H200 sweep v9 (data/receipts/grouped_sweep_h200.json, rows unrolled over a shared weight tile): keyed by
+    # mean rows per routed expert. Around 2 rows one row per tile won (OLMoE 16, Qwen3 32 tokens: the sorted
+    # rows of one expert run as neighbouring programs and share its bytes in L2); from 3, four rows per tile
+    # (Mixtral 16, OLMoE 32, Qwen3 64 tokens); from 8 the tensor-core tile (OLMoE 64, Mixtral 64; at Mixtral
+    # 32 dp4a bm4 was 6% faster than it).
     "sm90": ((0.0, GroupedPlan(block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=2)),
-             (1.5, GroupedPlan(block_m=2, block_n=32, block_k=512, num_warps=4, num_stages=2)),
              (3.0, GroupedPlan(block_m=4, block_n=32, block_k=512, num_warps=4, num_stages=2)),
-             (6.0, GroupedPlan(block_m=16, block_n=64, block_k=32, num_warps=4, num_stages=2, kind="mma"))),
+             (8.0, GroupedPlan(block_m=16, block_n=64, block_k=32, num_warps=4, num_stages=2, kind="mma"))),
     "interp": ((0.0, GroupedPlan(block_m=4, block_n=32, block_k=256, num_warps=1, num_stages=1, waves=1.0)),),
 }
 GROUPED_TABLE["sm80"] = GROUPED_TABLE["sm90"]
 # MoE step: from how many mean rows per routed expert (L / min(E, L)) moe_decode_step takes the grouped path
-# instead of the routed GEMVs (0 = always). H200 sweep v8: the routed path (2 launches; concurrent rows of
-# one expert share its bytes through L2) is faster up to 4 mean rows on all three models; the grouped
-# tensor-core tile wins from 8 (Mixtral 32 and 64 tokens, OLMoE 64). The interpreter row exercises both.
-MOE_GROUPED_FROM_MEAN_ROWS = {"sm90": 8.0, "sm80": 8.0, "interp": 2.0}
+# instead of the routed GEMVs (0 = always). H200 sweep v9: at 1 mean row the routed path (2 launches against
+# 5) is faster on OLMoE and Qwen3 (8 tokens: 62.5 / 55.8 us against 64.4 / 63.3); from 2 the grouped path
+# wins on all three models. The interpreter row exercises both.
+MOE_GROUPED_FROM_MEAN_ROWS = {"sm90": 2.0, "sm80": 2.0, "interp": 2.0}
 # Elementwise kernels (activation quantisation, SwiGLU, combine, reduce): columns per program.
 ROW_BLOCK = {"sm90": 1024, "sm80": 1024, "interp": 256}
 
