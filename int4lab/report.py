@@ -488,8 +488,9 @@ def realscale_table(receipts=RECEIPTS) -> str:
             dec = (f"{ex['decode_step_s bf16']['tokens_per_s_full_depth']:.0f} → "
                    f"{ex['decode_step_s int4']['tokens_per_s_full_depth']:.0f}")
         split = a.get("gate_split") or {}
+        placed = ", ".join(f"{k}: {v}" for k, v in sorted(split.get("device_map_entries", {}).items()))
         split_s = ("skipped" if "skipped" in split else "error" if "gate_split" in (a.get("errors") or {})
-                   else ", ".join(f"{k}: {v}" for k, v in sorted(split.get("device_map_entries", {}).items())) or "–")
+                   else placed or "–")
         errs = sorted(a.get("errors") or {})
         lines.append(_line([
             f"{arch}" + (f" (errors: {', '.join(errs)})" if errs else ""),

@@ -30,6 +30,7 @@ from .cli import main, receipt_path
 
 __all__ = ["DITHER", "IN_DOMAIN", "PARITY_TOL", "TEXTS", "Arm", "PerToken", "Windows", "calibration_ids",
            "calibration_judgement", "decode_logprobs", "decode_windows", "documents", "format_table",
-           "full_forward_logprobs", "load_model", "lottery_spread", "main", "paired_ci", "parity", "parse_max_memory", "plan_arms",
+           "full_forward_logprobs", "load_model", "lottery_spread", "main", "paired_ci", "parity",
+           "parse_max_memory", "plan_arms",
            "receipt_path", "render_gate_table", "rows", "run_gate", "score_models", "token_sha",
            "tokens_to_decide", "trained_context", "verdict"]

@@ -76,7 +76,8 @@ def check_budget(budget) -> float:
 
 
 def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.float32, device: str = "cpu",
-             device_map: str | None = None, max_memory: dict | None = None, texts=TEXTS, window: int | None = None, batch: int = 16,
+             device_map: str | None = None, max_memory: dict | None = None, texts=TEXTS,
+             window: int | None = None, batch: int = 16,
              floor: bool = True, subset_stride: int = 4, floor_stride: int = 16, calib_tokens: int = 16384,
              calib_len: int | None = None, min_rows: int | None = None, damp: float = 0.01,
              calib_split: str = "train", n_boot: int = stats.N_BOOT, seed: int = 0, parity_steps: int = 4,

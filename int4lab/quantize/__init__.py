@@ -15,5 +15,6 @@ from .modules import Int4Experts, Int4Linear, int4_matmul, int4_matmul_ref, kern
 
 __all__ = ["ACTS", "ATTN_PROJ", "FORMAT_VERSION", "LAYOUT", "SCHEMES", "TARGETS", "Int4Experts", "Int4Linear",
            "QuantReport", "Scheme", "capture_layer0_inputs", "decoder_layers", "dithered_pack", "experts_of",
-           "hessian_hooks", "input_device", "int4_matmul", "int4_matmul_ref", "kernels_on_cpu", "load_quantized", "model_arch",
+           "hessian_hooks", "input_device", "int4_matmul", "int4_matmul_ref", "kernels_on_cpu", "load_quantized",
+           "model_arch",
            "moe_block", "quantize_model", "read_metadata", "save_quantized"]
