@@ -20,7 +20,7 @@ instrument (KV cache, through the int4 kernels) is a kernel-parity check on a sh
     cli.py     python -m int4lab.gate
 """
 from .decode import PARITY_TOL, decode_logprobs, decode_windows, full_forward_logprobs, parity
-from .models import load_model
+from .models import load_model, parse_max_memory
 from .run import DITHER, Arm, plan_arms, run_gate
 from .score import PerToken, score_models
 from .stats import calibration_judgement, lottery_spread, paired_ci, tokens_to_decide, verdict
@@ -30,6 +30,7 @@ from .cli import main, receipt_path
 
 __all__ = ["DITHER", "IN_DOMAIN", "PARITY_TOL", "TEXTS", "Arm", "PerToken", "Windows", "calibration_ids",
            "calibration_judgement", "decode_logprobs", "decode_windows", "documents", "format_table",
-           "full_forward_logprobs", "load_model", "lottery_spread", "main", "paired_ci", "parity", "plan_arms",
+           "full_forward_logprobs", "load_model", "lottery_spread", "main", "paired_ci", "parity",
+           "parse_max_memory", "plan_arms",
            "receipt_path", "render_gate_table", "rows", "run_gate", "score_models", "token_sha",
            "tokens_to_decide", "trained_context", "verdict"]

@@ -63,6 +63,8 @@ def parser() -> argparse.ArgumentParser:
                     help="source precision (default float32 on a CPU, bfloat16 on CUDA)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--device-map", default=None, help="accelerate device_map for checkpoints, e.g. auto")
+    ap.add_argument("--max-memory", nargs="+", default=None, metavar="DEVICE=SIZE",
+                    help="accelerate max_memory with --device-map, e.g. 0=20GiB cpu=100GiB (forces a GPU/CPU split)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--out", default=None, help="receipt path (default data/receipts/gate_<model>.json)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -77,10 +79,15 @@ def main(argv=None) -> int:
     dtype = _DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if str(args.device).startswith("cuda")
                                                     else torch.float32)
     try:
+        from .models import parse_max_memory
+        max_memory = parse_max_memory(args.max_memory)
+        if max_memory and not args.device_map:
+            raise ValueError("--max-memory needs --device-map (e.g. --device-map auto)")
         check_budget(args.budget)
         arms = plan_arms(args.scheme, args.targets, args.act, args.lottery, args.calib_draws, args.dither)
         payload = run_gate(args.model, arms, budget=args.budget, dtype=dtype, device=args.device,
-                           device_map=args.device_map, texts=args.texts, window=args.window, batch=args.batch,
+                           device_map=args.device_map, max_memory=max_memory, texts=args.texts, window=args.window,
+                           batch=args.batch,
                            floor=not args.no_floor, calib_tokens=args.calib_tokens, calib_len=args.calib_len,
                            min_rows=args.min_rows, damp=args.damp, n_boot=args.boot, seed=args.seed,
                            parity_steps=args.parity_steps, max_docs=args.max_docs,

@@ -20,7 +20,8 @@ PARITY_TOL = 0.05          # nats, max |log p| difference; a flipped bf16 roundi
 
 
 def _input_device(model):
-    return model.get_input_embeddings().weight.device
+    from ..quantize import input_device
+    return input_device(model)
 
 
 def decode_windows(tok, text: str, windows: int, prompt: int, steps: int) -> torch.Tensor:

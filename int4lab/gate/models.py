@@ -1,6 +1,7 @@
 """Loading what the gate compares: a tiny trained model by name, or a transformers checkpoint directory."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -8,12 +9,50 @@ import torch
 from ..quantize import LAYOUT
 
 
-def load_model(model: str, dtype=torch.float32, device: str = "cpu", device_map: str | None = None):
+_SIZE = re.compile(r"^\d+(\.\d+)?(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
+
+
+def parse_max_memory(items) -> dict | None:
+    """accelerate's max_memory dict from ["0=20GiB", "cpu=100GiB", ...] (None or [] gives None).
+
+    A key is a GPU index (0, 1, ...), "cpu" or "disk"; a size is a number with a unit (B, KB, MB, GB, TB,
+    KiB, MiB, GiB, TiB). ValueError naming the malformed item otherwise, or for a key given twice.
+    """
+    if not items:
+        return None
+    if isinstance(items, str):
+        items = items.split()
+    out = {}
+    for it in items:
+        key, sep, size = str(it).partition("=")
+        key, size = key.strip(), size.strip()
+        if not sep or not key or not _SIZE.match(size):
+            raise ValueError(f"max_memory item {it!r} must be DEVICE=SIZE, e.g. 0=20GiB or cpu=100GiB "
+                             f"(DEVICE a GPU index, cpu or disk; SIZE a number with a unit B..TiB)")
+        if key.isdigit():
+            key = int(key)
+        elif key not in ("cpu", "disk"):
+            raise ValueError(f"max_memory item {it!r}: the device must be a GPU index, cpu or disk")
+        if key in out:
+            raise ValueError(f"max_memory names device {key!r} twice")
+        out[key] = size
+    return out
+
+
+def load_model(model: str, dtype=torch.float32, device: str = "cpu", device_map: str | None = None,
+               max_memory: dict | None = None):
     """(model, tokenizer, short name) for a tiny arch name (int4lab.models.ARCHS) or a checkpoint directory.
 
-    FileNotFoundError for a path that does not exist; ValueError for an architecture int4lab cannot quantise.
+    device_map (e.g. "auto") hands placement to accelerate, bounded per device by max_memory
+    ({0: "20GiB", "cpu": "100GiB"}: what does not fit on the GPU stays on the host). FileNotFoundError for
+    a path that does not exist; ValueError for an architecture int4lab cannot quantise, or for max_memory
+    without device_map or with a tiny model name.
     """
     from ..models import ARCHS
+    if max_memory and not device_map:
+        raise ValueError("max_memory needs device_map (e.g. --device-map auto): it bounds accelerate's placement")
+    if max_memory and model in ARCHS:
+        raise ValueError("max_memory applies to checkpoint directories, not the tiny models")
     if model in ARCHS:
         from ..models import load_tiny, load_tokenizer
         return load_tiny(model, dtype, device, experts_implementation="eager").eval(), load_tokenizer(), model
@@ -26,6 +65,8 @@ def load_model(model: str, dtype=torch.float32, device: str = "cpu", device_map:
     if cfg.model_type not in LAYOUT:
         raise ValueError(f"unsupported architecture {cfg.model_type!r} in {path}: int4lab handles {tuple(LAYOUT)}")
     kw = {"device_map": device_map} if device_map else {}
+    if max_memory:
+        kw["max_memory"] = max_memory
     m = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
     if not device_map:
         m = m.to(device)

@@ -76,7 +76,8 @@ def check_budget(budget) -> float:
 
 
 def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.float32, device: str = "cpu",
-             device_map: str | None = None, texts=TEXTS, window: int | None = None, batch: int = 16,
+             device_map: str | None = None, max_memory: dict | None = None, texts=TEXTS,
+             window: int | None = None, batch: int = 16,
              floor: bool = True, subset_stride: int = 4, floor_stride: int = 16, calib_tokens: int = 16384,
              calib_len: int | None = None, min_rows: int | None = None, damp: float = 0.01,
              calib_split: str = "train", n_boot: int = stats.N_BOOT, seed: int = 0, parity_steps: int = 4,
@@ -92,6 +93,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     parity_steps > 0: the decode instrument's kernel-parity check on the first arm, over that many steps.
     max_docs: score only the first max_docs documents of each text (quick runs; None = all).
     tasks: lm-eval tasks to score as well (token-level perplexity from per-document log-likelihoods).
+    device_map / max_memory: accelerate placement for checkpoint directories (see `load_model`).
     loader(dtype) -> (model, tokenizer, name) overrides `load_model` (tests).
     """
     budget = check_budget(budget)
@@ -104,7 +106,9 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
         if t not in TEXTS:
             raise ValueError(f"texts must be among {TEXTS}, got {t!r}")
     from .models import load_model
-    _load = loader or (lambda dt: load_model(model, dt, device, device_map))
+    if max_memory and not device_map:
+        raise ValueError("max_memory needs device_map (e.g. --device-map auto): it bounds accelerate's placement")
+    _load = loader or (lambda dt: load_model(model, dt, device, device_map, max_memory))
 
     def load(dt):
         with quiet():
@@ -133,6 +137,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     for a in arms:
         ta = time.time()
         m = load(dtype)[0]
+        load_s = time.time() - ta
         calib = None
         if a.kind == "gptq":
             calib = calibration_ids(tok, calib_tokens, calib_len or L, seed=a.seed, stream=train)
@@ -142,7 +147,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
         info[a.name] = {"kind": a.kind, "scheme": asdict(a.scheme), "dither": a.dither, "seed": a.seed,
                         "twin": a.twin, "scored": "every document" if a in full or subset_stride == 1 else
                         f"every {subset_stride}th document", "quant_report": rep.to_dict(),
-                        "quantise_s": time.time() - ta}
+                        "load_s": load_s, "quantise_s": time.time() - ta - load_s}
         bar.update()
 
     per_full = {t: score_models({"source": src, **{a.name: models[a.name] for a in full}}, w, batch, bar.update)
@@ -189,7 +194,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
             d["vs_twin"] = {t: compare("lottery-base:" + a.name, a.twin, t)["rel"] for t in texts}
         payload_arms[a.name] = d
     payload = {"model": name, "arch": arch, "source": model, "dtype": _dt(dtype), "device": device,
-               "device_map": device_map, "budget": budget,
+               "device_map": device_map, "max_memory": _jsonable(max_memory), "budget": budget,
                "settings": {"window": L, "batch": batch, "n_boot": n_boot, "level": stats.LEVEL, "seed": seed,
                             "bootstrap_unit": "document", "texts": list(texts), "calib_tokens": calib_tokens,
                             "calib_len": calib_len or L, "calib_split": calib_split,
@@ -217,6 +222,10 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
                                             L, n_boot, seed, budget)
     payload["seconds"] = time.time() - t0
     return payload
+
+
+def _jsonable(max_memory):
+    return None if not max_memory else {str(k): v for k, v in max_memory.items()}
 
 
 def _dt(dtype) -> str:

@@ -33,7 +33,8 @@ class PerToken:
 
 
 def _input_device(model):
-    return model.get_input_embeddings().weight.device
+    from ..quantize import input_device
+    return input_device(model)
 
 
 @torch.no_grad()

@@ -10,10 +10,11 @@ from .checkpoint import FORMAT_VERSION, load_quantized, read_metadata, save_quan
 from .driver import QuantReport, capture_layer0_inputs, dithered_pack, quantize_model
 from .hessian import hessian_hooks
 from .layout import (ACTS, ATTN_PROJ, LAYOUT, SCHEMES, TARGETS, Scheme, decoder_layers, experts_of,
-                     model_arch, moe_block)
+                     input_device, model_arch, moe_block)
 from .modules import Int4Experts, Int4Linear, int4_matmul, int4_matmul_ref, kernels_on_cpu
 
 __all__ = ["ACTS", "ATTN_PROJ", "FORMAT_VERSION", "LAYOUT", "SCHEMES", "TARGETS", "Int4Experts", "Int4Linear",
            "QuantReport", "Scheme", "capture_layer0_inputs", "decoder_layers", "dithered_pack", "experts_of",
-           "hessian_hooks", "int4_matmul", "int4_matmul_ref", "kernels_on_cpu", "load_quantized", "model_arch",
+           "hessian_hooks", "input_device", "int4_matmul", "int4_matmul_ref", "kernels_on_cpu", "load_quantized",
+           "model_arch",
            "moe_block", "quantize_model", "read_metadata", "save_quantized"]

@@ -15,14 +15,26 @@ FORMAT_VERSION = 1
 def save_quantized(model, path) -> None:
     """Write model's state (packed uint8, fp16 scales, everything else as is) to a safetensors file.
 
-    Metadata: format_version, arch, scheme (JSON of `Scheme`), config (JSON). Tied tensors are stored
-    once per name (cloned), so the file loads without shared-memory surprises.
+    Metadata: format_version, arch, scheme (JSON of `Scheme`), config (JSON). Tensors are written from
+    where they are (CPU tensors without a copy; GPU tensors through one host copy each); only a tensor
+    sharing storage with one already taken (tied weights) is cloned, so the file loads without
+    shared-memory surprises and a real-width model is never held twice on the host.
     """
     from safetensors.torch import save_file
     sch = getattr(model, "int4_scheme", None)
     if sch is None:
         raise ValueError("model is not quantised (no int4_scheme attribute): call quantize_model first")
-    state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
+    state, seen = {}, set()
+    for k, v in model.state_dict().items():
+        if v.device.type == "meta":
+            raise ValueError(f"tensor {k} is on the meta device (offloaded by accelerate): quantise the model "
+                             f"first (quantize_model puts offloaded layers on their execution device)")
+        t = v.detach().cpu().contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        state[k] = t
     meta = {"format_version": str(FORMAT_VERSION), "arch": model_arch(model),
             "scheme": json.dumps(asdict(sch)), "config": model.config.to_json_string()}
     save_file(state, str(path), metadata=meta)

@@ -18,6 +18,7 @@ Three ways to choose the codes, all emitting the same int4-b32 bytes layout:
 """
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -25,7 +26,8 @@ import torch
 from .._checks import check_tensor
 from ..format import BLOCK, block_scales, check_scale_range, pack_codes, pack_int4_b32
 from .hessian import attn_key, expert_key, hessian_hooks
-from .layout import ATTN_PROJ, LAYOUT, Scheme, attention, decoder_layers, experts_of, model_arch, moe_block
+from .layout import (ATTN_PROJ, LAYOUT, Scheme, attention, decoder_layers, experts_of, input_device, model_arch,
+                     moe_block)
 from .modules import Int4Experts, Int4Linear, check_experts_k
 
 
@@ -45,6 +47,9 @@ class QuantReport:
     damp: float = 0.0
     dither: float = 0.0
     dither_seed: int | None = None
+    hessian_device: list = field(default_factory=list)   # per layer: where its Hessians accumulated (GPTQ)
+    timing: list = field(default_factory=list)           # per layer: seconds per phase (see quantize_model)
+    capture_s: float = 0.0                                # GPTQ: running the model up to layer 0
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -92,6 +97,12 @@ def quantize_model(model, scheme: str = "rtn", targets: str = "experts", act: st
     (default None: max(H, I), the K of their widest input) fall back to round-to-nearest, listed in the report.
     targets: "experts" or "experts+attn". act: "int8" (W4A8) or "bf16" (W4A16). lm_head=True packs the
     lm_head round-to-nearest (never calibrated). The router is never quantised.
+
+    The report's `timing` holds one dict per layer, in seconds (synchronised on CUDA): round-to-nearest
+    {"layer", "pack_s"}; GPTQ {"layer", "calib_s" (the hooked forward that fills the Hessians), "attn_pack_s",
+    "experts_pack_s", "propagate_s" (the forward that feeds the next layer), "gptq_matrices" (expert
+    matrices packed with GPTQ), "rtn_matrices"}. A layer's experts are packed in batches
+    (`gptq_pack_int4_b32_experts`), as many experts at once as `_expert_chunk` allows.
     """
     sch = Scheme(scheme, targets, act, lm_head)
     arch = model_arch(model)
@@ -116,8 +127,8 @@ def quantize_model(model, scheme: str = "rtn", targets: str = "experts", act: st
     if scheme == "rtn":
         gen = torch.Generator().manual_seed(dither_seed)
         pack = (lambda w: dithered_pack(w, dither, gen)) if dither else pack_int4_b32
-        for layer in _progress(layers, progress, "rtn pack"):
-            _quantize_layer_rtn(layer, arch, sch, rep, pack)
+        for li, layer in enumerate(_progress(layers, progress, "rtn pack")):
+            _quantize_layer_rtn(layer, arch, sch, rep, pack, li, bool(dither))
     else:
         _quantize_gptq(model, layers, arch, sch, rep, calib_ids, min_rows, damp, blocksize, batch_size, progress)
     if lm_head:
@@ -128,17 +139,80 @@ def quantize_model(model, scheme: str = "rtn", targets: str = "experts", act: st
     return model, rep
 
 
-def _quantize_layer_rtn(layer, arch, sch, rep, pack):
+def _sync(dev) -> None:
+    if torch.device(dev).type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _budget_bytes(dev) -> int:
+    """Scratch memory one batch of experts may use: a quarter of the free GPU memory, at most 16 GiB (a
+    layer's experts at once on an H200, a few at a time on a small card); 2 GiB on the host."""
+    dev = torch.device(dev)
+    if dev.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(dev)
+        return int(min(free // 4, 16 << 30))
+    return 2 << 30
+
+
+def _expert_chunk(per_expert_bytes: int, dev) -> int:
+    return max(1, _budget_bytes(dev) // max(1, per_expert_bytes))
+
+
+def _pack_experts_rtn(w: torch.Tensor, pack, chunk: int | None = None):
+    """Round-to-nearest pack of w [E, N, K] a few experts at a time: the float32 copy `pack` needs never
+    holds the whole layer (Mixtral: 5.6 GB per layer in float32)."""
+    E, N, K = w.shape
+    chunk = chunk or _expert_chunk(3 * 4 * N * K, w.device)
+    if chunk >= E:
+        return pack(w.detach().float())
+    parts = [pack(w[e:e + chunk].detach().float()) for e in range(0, E, chunk)]
+    return torch.cat([p for p, _ in parts]), torch.cat([s for _, s in parts])
+
+
+def _quantize_layer_rtn(layer, arch, sch, rep, pack, li=0, dithered=False):
+    t0 = time.perf_counter()
+    _onload(layer)
     ex = experts_of(layer, arch)
     if ex is not None:
         check_experts_k(ex)
-        gu = pack(ex.gate_up_proj.detach().float())
-        dn = pack(ex.down_proj.detach().float())
+        # a dithered pack draws its noise in one call per tensor (the lottery's seeded stream), so unchunked
+        packer = (lambda w: pack(w.detach().float())) if dithered else (lambda w: _pack_experts_rtn(w, pack))
+        gu = packer(ex.gate_up_proj)
+        dn = packer(ex.down_proj)
         _set_experts(layer, arch, Int4Experts.from_experts(ex, sch.act, gu, dn))
         rep.experts_modules += 1
     if sch.targets == "experts+attn":
         _swap_attn(attention(layer, arch), sch.act, {p: pack for p in ATTN_PROJ})
         rep.attn_modules += 1
+    dev = _layer_device(layer)
+    _sync(dev)
+    rep.timing.append({"layer": li, "pack_s": time.perf_counter() - t0})
+
+
+def _onload(layer) -> None:
+    """Put an accelerate-offloaded layer (device_map with "cpu"/"disk": weights on the meta device, fetched
+    by a hook for each forward) on its execution device for good. Packing reads the weights outside any
+    forward, and what stays on the GPU is the int4 layer, ~3.5x smaller than the bf16 one offloading kept
+    on the host. Layers accelerate placed on a GPU are left as they are."""
+    from accelerate.hooks import AlignDevicesHook, SequentialHook, remove_hook_from_module
+    from accelerate.utils import set_module_tensor_to_device
+    for mod in list(layer.modules()):
+        hook = getattr(mod, "_hf_hook", None)
+        hooks = hook.hooks if isinstance(hook, SequentialHook) else [hook]
+        off = [h for h in hooks if isinstance(h, AlignDevicesHook) and h.offload]
+        if not off:
+            continue
+        h = off[0]
+        names = [n for n, _ in mod.named_parameters(recurse=False)]
+        if h.offload_buffers:
+            names += [n for n, _ in mod.named_buffers(recurse=False)]
+        for n in names:
+            set_module_tensor_to_device(mod, n, h.execution_device, value=h.weights_map[n])
+        remove_hook_from_module(mod)
+
+
+def _layer_device(layer):
+    return next(layer.parameters(), next(layer.buffers(), torch.empty(0))).device
 
 
 def _to(obj, dev):
@@ -167,7 +241,7 @@ def capture_layer0_inputs(model, calib_ids: torch.Tensor, batch_size: int = 8) -
         raise _Stop
 
     h = layers[0].register_forward_pre_hook(grab, with_kwargs=True)
-    dev = model.get_input_embeddings().weight.device
+    dev = input_device(model)
     try:
         for b in range(0, calib_ids.shape[0], batch_size):
             try:
@@ -179,45 +253,110 @@ def capture_layer0_inputs(model, calib_ids: torch.Tensor, batch_size: int = 8) -
     return caught
 
 
+def _hessian_bytes(layer, arch, attn: bool) -> int:
+    """float32 bytes of every Hessian one layer's hooks accumulate (two per routed expert, q/k/v/o)."""
+    n = 0
+    ex = experts_of(layer, arch)
+    if ex is not None:
+        E, I2, H = ex.gate_up_proj.shape
+        n += E * (H * H + (I2 // 2) ** 2)
+    if attn:
+        at = attention(layer, arch)
+        n += sum(getattr(at, p).in_features ** 2 for p in ATTN_PROJ)
+    return 4 * n
+
+
+def _hessian_device(layer, arch, attn: bool, dev):
+    """Where a layer's Hessians accumulate: on its GPU when they take at most a quarter of the free memory
+    (no host round trip per batch), otherwise on the host (a small card still calibrates big experts)."""
+    dev = torch.device(dev)
+    if dev.type == "cuda" and _hessian_bytes(layer, arch, attn) <= torch.cuda.mem_get_info(dev)[0] // 4:
+        return dev
+    return torch.device("cpu")
+
+
+def _pack_experts_gptq(w, accs, keys, cal, need_rtn, damp, blocksize):
+    """int4-b32 of w [E, N, K]: GPTQ for the experts in `cal` (their Hessians accs[keys[e]]), batched as
+    many at a time as the scratch budget allows; round-to-nearest for the experts in need_rtn."""
+    from ..gptq import gptq_pack_int4_b32_experts
+    E, N, K = w.shape
+    dev = w.device
+    packed = torch.empty(E, N, K // 2, dtype=torch.uint8, device=dev)
+    scales = torch.empty(E, N, K // BLOCK, dtype=torch.float16, device=dev)
+    # per expert: H, its damped copy, the factor and its inverse (K x K), the float32 weight and scratch (N x K)
+    chunk = _expert_chunk(4 * (4 * K * K + 4 * N * K), dev)
+    for i in range(0, len(cal), chunk):
+        ids = cal[i:i + chunk]
+        idx = torch.tensor(ids, device=dev)
+        Hs = torch.stack([accs[keys[e]].H.to(dev) for e in ids])
+        p, sc = gptq_pack_int4_b32_experts(w.index_select(0, idx), Hs, damp=damp, blocksize=blocksize)
+        del Hs
+        packed[idx], scales[idx] = p, sc
+    if need_rtn:
+        idx = torch.tensor(need_rtn, device=dev)
+        p, sc = _pack_experts_rtn(w.index_select(0, idx), pack_int4_b32)
+        packed[idx], scales[idx] = p, sc
+    return packed, scales
+
+
 @torch.no_grad()
 def _quantize_gptq(model, layers, arch, sch, rep, calib_ids, min_rows, damp, blocksize, batch_size, progress):
     from ..gptq import gptq_pack_int4_b32
+    t0 = time.perf_counter()
     batches = capture_layer0_inputs(model, calib_ids, batch_size)
+    rep.capture_s = time.perf_counter() - t0
 
     def gptq(w, acc):
         return gptq_pack_int4_b32(w.detach().float(), acc.H.to(w.device), damp=damp, blocksize=blocksize)
 
+    attn = sch.targets == "experts+attn"
     for li, layer in enumerate(_progress(layers, progress, "gptq layers")):
-        dev = next(layer.parameters()).device
+        _onload(layer)
+        dev = _layer_device(layer)
         ex = experts_of(layer, arch)
-        with hessian_hooks(model, layers=[li], attn=sch.targets == "experts+attn") as accs:
+        hdev = _hessian_device(layer, arch, attn, dev)
+        rep.hessian_device.append(str(hdev))
+        t = {"layer": li}
+        t0 = time.perf_counter()
+        with hessian_hooks(model, layers=[li], attn=attn, device=hdev) as accs:
             for hs, kw in batches:
                 layer(_to(hs, dev), **_to(kw, dev))
-        if sch.targets == "experts+attn":
+        _sync(dev)
+        t["calib_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if attn:
             _swap_attn(attention(layer, arch), sch.act,
                        {p: (lambda w, a=accs[attn_key(li, p)]: gptq(w, a)) for p in ATTN_PROJ})
             rep.attn_modules += 1
+        _sync(dev)
+        t["attn_pack_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         if ex is not None:
             E, I2, H = ex.gate_up_proj.shape
             need = min_rows or max(H, I2 // 2)
             rep.min_rows = need
-            gu_p, gu_s, dn_p, dn_s, rows = [], [], [], [], []
+            rows = []
             for e in range(E):
-                a_gu, a_dn = accs.get(expert_key(li, e, "gate_up")), accs.get(expert_key(li, e, "down"))
-                n = 0 if a_gu is None else a_gu.nsamples
-                rows.append(n)
-                if n >= need:
-                    p1, s1 = gptq(ex.gate_up_proj[e], a_gu)
-                    p2, s2 = gptq(ex.down_proj[e], a_dn)
-                    rep.gptq_experts += 1
-                else:
-                    p1, s1 = pack_int4_b32(ex.gate_up_proj[e].detach().float())
-                    p2, s2 = pack_int4_b32(ex.down_proj[e].detach().float())
-                    rep.fallback.append({"layer": li, "expert": e, "rows": n})
-                gu_p.append(p1), gu_s.append(s1), dn_p.append(p2), dn_s.append(s2)
+                a_gu = accs.get(expert_key(li, e, "gate_up"))
+                rows.append(0 if a_gu is None else a_gu.nsamples)
+            cal = [e for e in range(E) if rows[e] >= need]
+            fb = [e for e in range(E) if rows[e] < need]
+            rep.gptq_experts += len(cal)
+            rep.fallback += [{"layer": li, "expert": e, "rows": rows[e]} for e in fb]
+            gu = _pack_experts_gptq(ex.gate_up_proj, accs, {e: expert_key(li, e, "gate_up") for e in cal},
+                                    cal, fb, damp, blocksize)
+            dn = _pack_experts_gptq(ex.down_proj, accs, {e: expert_key(li, e, "down") for e in cal},
+                                    cal, fb, damp, blocksize)
             rep.rows.append(rows)
-            _set_experts(layer, arch, Int4Experts.from_experts(ex, sch.act, (torch.stack(gu_p), torch.stack(gu_s)),
-                                                               (torch.stack(dn_p), torch.stack(dn_s))))
+            _set_experts(layer, arch, Int4Experts.from_experts(ex, sch.act, gu, dn))
             rep.experts_modules += 1
+            t["gptq_matrices"], t["rtn_matrices"] = 2 * len(cal), 2 * len(fb)
+        del accs
+        _sync(dev)
+        t["experts_pack_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         # The next layer sees this layer's quantised outputs.
         batches = [(layer(_to(hs, dev), **_to(kw, dev)), kw) for hs, kw in batches]
+        _sync(dev)
+        t["propagate_s"] = time.perf_counter() - t0
+        rep.timing.append(t)

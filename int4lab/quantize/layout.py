@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.nn as nn
 
 SCHEMES = ("rtn", "gptq")
@@ -80,3 +81,15 @@ def experts_of(layer, arch: str):
     """The fused experts module of a layer, or None for a dense layer."""
     moe = moe_block(layer, arch)
     return None if moe is None else getattr(moe, LAYOUT[arch]["experts"])
+
+
+def input_device(model):
+    """Where input ids go: the embedding's device, or the device accelerate executes an offloaded embedding
+    on (its weight then sits on the meta device between forwards)."""
+    emb = model.get_input_embeddings()
+    dev = emb.weight.device
+    if dev.type == "meta":
+        hook = getattr(emb, "_hf_hook", None)
+        dev = getattr(hook, "execution_device", None) or next(
+            (h.execution_device for h in getattr(hook, "hooks", ()) if hasattr(h, "execution_device")), dev)
+    return torch.device(dev) if not isinstance(dev, torch.device) else dev

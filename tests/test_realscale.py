@@ -1,0 +1,207 @@
+"""The real-checkpoint path at tiny width on the CPU: the published configs, the synthetic sharded checkpoint,
+the gate CLI by path on it, the realscale receipt and its extrapolation arithmetic, accelerate offload,
+batched GPTQ, --max-memory, and the quantised checkpoint's format version."""
+import json
+
+import pytest
+import torch
+
+from int4lab import gate, realscale, shapes
+from int4lab.models import synth
+
+from test_quantize import tiny_model
+
+
+# ---------------------------------------------------------------------------------------------- configs
+
+def test_published_configs_are_the_hub_numbers():
+    m, o, q = (synth.config_fields(a, synth.FULL_LAYERS[a]) for a in ("mixtral", "olmoe", "qwen3_moe"))
+    assert (m["hidden_size"], m["intermediate_size"], m["num_hidden_layers"], m["num_attention_heads"],
+            m["num_key_value_heads"], m["num_local_experts"], m["num_experts_per_tok"], m["vocab_size"],
+            m["rope_theta"], m["max_position_embeddings"]) == (4096, 14336, 32, 32, 8, 8, 2, 32000, 1e6, 32768)
+    assert (o["hidden_size"], o["intermediate_size"], o["num_hidden_layers"], o["num_attention_heads"],
+            o["num_key_value_heads"], o["num_experts"], o["num_experts_per_tok"], o["vocab_size"],
+            o["rope_theta"], o["norm_topk_prob"]) == (2048, 1024, 16, 16, 16, 64, 8, 50304, 1e4, False)
+    assert (q["hidden_size"], q["moe_intermediate_size"], q["num_hidden_layers"], q["num_attention_heads"],
+            q["num_key_value_heads"], q["head_dim"], q["num_experts"], q["num_experts_per_tok"], q["vocab_size"],
+            q["rope_theta"], q["norm_topk_prob"]) == (2048, 768, 48, 32, 4, 128, 128, 8, 151936, 1e6, True)
+
+
+@pytest.mark.parametrize("arch,row", [("mixtral", "mixtral"), ("olmoe", "olmoe"), ("qwen3_moe", "qwen3")])
+def test_built_configs_agree_with_the_shape_table(arch, row):
+    from int4lab.models import expert_shapes
+    cfg = synth.synth_config(arch, 2)             # the transformers config, nothing allocated
+    s, t = expert_shapes(cfg), shapes.MODELS[row]
+    assert cfg.num_hidden_layers == 2 and cfg.model_type == arch
+    assert (s["hidden"], s["intermediate"], s["experts"], s["top_k"]) == (t.hidden, t.intermediate, t.n_experts,
+                                                                          t.top_k)
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, hd) == (t.n_heads, t.n_kv_heads, t.head_dim)
+    assert cfg.rope_parameters["rope_theta"] == synth.PUBLISHED[arch]["rope_theta"]
+
+
+def test_synth_bad_inputs(tmp_path):
+    with pytest.raises(ValueError, match="arch must be one of"):
+        synth.config_fields("llama", 2)
+    with pytest.raises(ValueError, match=r"layers must be an int in \[1, 16\]"):
+        synth.config_fields("olmoe", 0)
+    with pytest.raises(ValueError, match=r"layers must be an int in \[1, 32\]"):
+        synth.config_fields("mixtral", 33)
+    with pytest.raises(ValueError, match="width must be one of"):
+        synth.config_fields("olmoe", 2, "huge")
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "f").write_text("")
+    with pytest.raises(ValueError, match="not empty"):
+        synth.write_checkpoint("olmoe", 1, tmp_path / "x", "tiny")
+    assert synth.main(["--arch", "olmoe", "--layers", "0", "--width", "tiny", "--out", str(tmp_path / "y")]) == 2
+    with pytest.raises(SystemExit):
+        synth.main(["--arch", "gpt2", "--layers", "1", "--out", str(tmp_path / "z")])
+
+
+# ---------------------------------------------------------------------------------------------- checkpoint
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    out = tmp_path_factory.mktemp("synth") / "olmoe"
+    assert synth.main(["--arch", "olmoe", "--layers", "2", "--width", "tiny", "--max-shard-size", "1MB",
+                       "--out", str(out)]) == 0
+    return out
+
+
+def test_synth_cli_writes_a_hub_layout(ckpt):
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())
+    shards = sorted(p.name for p in ckpt.glob("model-*-of-*.safetensors"))
+    assert len(shards) >= 2 and set(index["weight_map"].values()) == set(shards)
+    keys = index["weight_map"]
+    assert "model.layers.1.mlp.experts.63.down_proj.weight" in keys          # per-expert keys, as the hub's
+    assert not any("gate_up_proj" in k for k in keys)
+    for f in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (ckpt / f).is_file()
+    cfg = json.loads((ckpt / "config.json").read_text())
+    assert (cfg["model_type"], cfg["num_hidden_layers"], cfg["num_experts_per_tok"]) == ("olmoe", 2, 8)
+
+
+def test_gate_cli_by_path_on_the_synthetic_checkpoint(ckpt, tmp_path, capsys):
+    out = tmp_path / "gate.json"
+    rc = gate.main(["--model", str(ckpt), "--scheme", "rtn", "gptq", "--targets", "experts", "experts+attn",
+                    "--lottery", "0", "--calib-draws", "1", "--calib-tokens", "256", "--calib-len", "64",
+                    "--min-rows", "4", "--window", "64", "--max-docs", "1", "--texts", "test", "--no-floor",
+                    "--parity-steps", "0", "--boot", "100", "--device", "cpu", "--quiet", "--out", str(out)])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["model"] == ckpt.name and r["arch"] == "olmoe" and len(r["arms"]) == 4
+    g = r["arms"]["gptq/experts+attn/W4A8 draw#0"]
+    assert g["quant_report"]["gptq_experts"] > 0 and len(g["quant_report"]["timing"]) == 2
+    assert {"calib_s", "experts_pack_s", "gptq_matrices"} <= set(g["quant_report"]["timing"][0])
+    assert g["load_s"] > 0
+
+
+def test_max_memory_parsing_and_cli_errors(ckpt, capsys):
+    assert gate.parse_max_memory(["0=20GiB", "cpu=100GiB"]) == {0: "20GiB", "cpu": "100GiB"}
+    assert gate.parse_max_memory(None) is None
+    for bad, msg in ((["0:20GiB"], "must be DEVICE=SIZE"), (["0=20"], "must be DEVICE=SIZE"),
+                     (["gpu=1GB"], "GPU index, cpu or disk"), (["0=1GB", "0=2GB"], "twice")):
+        with pytest.raises(ValueError, match=msg):
+            gate.parse_max_memory(bad)
+    base = ["--model", str(ckpt), "--device", "cpu", "--quiet"]
+    assert gate.main(base + ["--max-memory", "0=1GiB"]) == 2
+    assert "--max-memory needs --device-map" in capsys.readouterr().err
+    assert gate.main(base + ["--device-map", "auto", "--max-memory", "zero=1GiB"]) == 2
+    assert "max_memory item 'zero=1GiB'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="max_memory needs device_map"):
+        gate.load_model(str(ckpt), max_memory={"cpu": "1GiB"})
+
+
+# ---------------------------------------------------------------------------------------------- realscale
+
+def test_realscale_tiny_receipt_and_extrapolation(tmp_path):
+    out = tmp_path / "rs.json"
+    assert realscale.main(["--arch", "qwen3_moe", "--layers", "2", "--width", "tiny", "--workdir",
+                           str(tmp_path / "w"), "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["provenance"]["commit"] and r["settings"]["layers"] == 2
+    a = r["archs"]["qwen3_moe"]
+    assert not a.get("errors")
+    assert {"synth", "gate", "checkpoint", "decode", "gate_split", "extrapolation", "params"} <= set(a)
+    assert len(a["synth"]["shards"]) >= 2 and a["synth"]["host_peak_bytes"] > 0
+    assert set(a["gate"]["arms"]) == {"rtn/experts/W4A8", "rtn/experts+attn/W4A8", "gptq/experts/W4A8 draw#0",
+                                      "gptq/experts+attn/W4A8 draw#0"}
+    gp = a["gate"]["gptq_per_layer"]["gptq/experts/W4A8 draw#0"]
+    assert gp["expert_matrices_per_layer"] == 2 * 128 and gp["per_expert_matrix_s"] > 0
+    assert a["checkpoint"]["bytes"] > 0 and a["checkpoint"]["load"]["s"] > 0
+    assert a["decode"]["int4"]["tokens_per_s"] > 0 and a["decode"]["bf16"]["tokens_per_s"] > 0
+    for name, e in a["extrapolation"].items():
+        if isinstance(e, dict):
+            assert e["full_layers"] == 48 and e["layers"] == 2, name
+            assert e["measured"] == pytest.approx(e["fixed"] + 2 * e["per_layer"]), name
+            assert e["full_depth"] == pytest.approx(e["fixed"] + 48 * e["per_layer"]), name
+    # the parameter extrapolation is exact: a 48-layer tiny model has that many parameters
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(synth.synth_config("qwen3_moe", 48, "tiny"))
+    assert a["extrapolation"]["params"]["full_depth"] == sum(p.numel() for p in m.parameters())
+    # a second architecture merges into the same receipt
+    realscale.merge_receipt(out, {"arch": "olmoe", "layers": 1}, r["settings"], "x")
+    assert set(json.loads(out.read_text())["archs"]) == {"qwen3_moe", "olmoe"}
+
+
+def test_realscale_bad_inputs(tmp_path, capsys):
+    assert realscale.main(["--arch", "olmoe", "--layers", "17", "--width", "tiny", "--workdir", str(tmp_path),
+                           "--out", str(tmp_path / "r.json")]) == 2
+    assert "--layers must be in [1, 16] for olmoe" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        realscale.main(["--arch", "llama", "--layers", "1", "--workdir", str(tmp_path), "--out", "r.json"])
+    e = realscale.extrapolate(10.0, 2, 32, fixed=2.0)
+    assert (e["per_layer"], e["full_depth"]) == (4.0, 2.0 + 32 * 4.0)
+
+
+# ---------------------------------------------------------------------------------------------- quantisation
+
+@pytest.mark.parametrize("scheme", ["rtn", "gptq"])
+def test_offloaded_model_quantises_like_the_resident_one(scheme):
+    from accelerate import cpu_offload
+    from int4lab.quantize import quantize_model
+    calib = torch.randint(0, 256, (2, 32))
+    a, b = tiny_model("qwen3_moe"), tiny_model("qwen3_moe")
+    cpu_offload(b, execution_device=torch.device("cpu"))     # weights on meta, fetched by hooks per forward
+    assert b.model.layers[0].mlp.experts.gate_up_proj.device.type == "meta"
+    kw = dict(calib_ids=calib, min_rows=4) if scheme == "gptq" else {}
+    qa, _ = quantize_model(a, scheme, "experts+attn", progress=False, **kw)
+    qb, rb = quantize_model(b, scheme, "experts+attn", progress=False, **kw)
+    for x, y in zip(qa.model.layers, qb.model.layers):
+        assert torch.equal(x.mlp.experts.gate_up_packed, y.mlp.experts.gate_up_packed)
+        assert torch.equal(x.self_attn.o_proj.packed, y.self_attn.o_proj.packed)
+    ids = torch.randint(0, 256, (1, 8))
+    assert torch.equal(qa(ids).logits, qb(ids).logits)
+    assert len(rb.timing) == 2
+
+
+def test_batched_gptq_equals_the_per_expert_sweep():
+    from int4lab.gptq import gptq_pack_int4_b32, gptq_pack_int4_b32_experts
+    E, N, K = 3, 64, 128
+    w = torch.randn(E, N, K) * 0.02
+    X = torch.randn(E, 256, K)
+    X[1, :, 7] = 0                                             # a dead input channel in one expert
+    H = 2 * X.transpose(1, 2) @ X / 256
+    p, s = gptq_pack_int4_b32_experts(w, H)
+    for e in range(E):
+        pe, se = gptq_pack_int4_b32(w[e], H[e])
+        assert torch.equal(p[e], pe) and torch.equal(s[e], se)
+    with pytest.raises(ValueError, match="hessian must have shape"):
+        gptq_pack_int4_b32_experts(w, H[:2])
+
+
+def test_load_quantized_refuses_an_unknown_format_version(tmp_path):
+    from safetensors.torch import load_file, save_file
+    from int4lab.quantize import FORMAT_VERSION, load_quantized, quantize_model, read_metadata, save_quantized
+    m, _ = quantize_model(tiny_model("mixtral"), "rtn", "experts", progress=False)
+    path = tmp_path / "q.safetensors"
+    save_quantized(m, path)
+    meta = read_metadata(path)
+    assert meta["format_version"] == str(FORMAT_VERSION)
+    save_file(load_file(path), str(tmp_path / "future.safetensors"), metadata={**meta, "format_version": "999"})
+    with pytest.raises(ValueError, match="format_version '999' is not supported"):
+        load_quantized(tmp_path / "future.safetensors", tiny_model("mixtral"))
+    back, _ = load_quantized(path, tiny_model("mixtral"))
+    for x, y in zip(m.state_dict().values(), back.state_dict().values()):
+        assert torch.equal(x, y)
