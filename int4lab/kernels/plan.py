@@ -75,9 +75,7 @@ GEMV_TABLE["sm80"] = GEMV_TABLE["sm90"]
 # The tensor-core teaching variant (gemv_mma.py), in no table row; its best H200 configuration (v1).
 MMA_PLAN = GemvPlan(block_n=128, block_k=512, num_warps=8, num_stages=3, waves=4.0, kind="mma")
 # Grouped GEMV: rows (smallest mean rows per routed expert, plan), the last row that applies wins. The mean
-# L / min(E, L) is known before the routing (tokens, top-k, E), so the choice is capture-legal. sm90 rows: the
-# best variant per mean in the H200 sweep of notes/perf.md v8 (data/receipts/grouped_sweep_h200.json): dp4a
-# tiles of 1-4 rows with block_n 32, the tensor-core tile from 6 rows per expert on.
+# L / min(E, L) is known before the routing (tokens, top-k, E), so the choice is capture-legal.
 GROUPED_TABLE = {
     # H200 sweep v9 (data/receipts/grouped_sweep_h200.json, rows unrolled over a shared weight tile): keyed by
     # mean rows per routed expert. Around 2 rows one row per tile won (OLMoE 16, Qwen3 32 tokens: the sorted
