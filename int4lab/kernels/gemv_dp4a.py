@@ -71,6 +71,15 @@ def _prmt(a, b, SEL: tl.constexpr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def expert_tile(w_ptr, ws_ptr, e, stride_we, stride_se, pid_n, N, KW, KB, BLOCK_N: tl.constexpr):
+    """Columns of N tile pid_n of expert e: (offs_n, n_mask, weight-word row pointers, scale row pointers)."""
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_rows = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * KW
+    s_rows = ws_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * KB
+    return offs_n, offs_n < N, w_rows, s_rows
+
+
+@triton.jit
 def x_words_from_codes(x_rows, xs_rows, t, KW, KB, BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr):
     """Tile t of BM rows of int8 codes -> (x_even, x_odd, -8 * word sums) int32 [BM, BLOCK_W], scales [BM, NB].
 
@@ -143,12 +152,9 @@ def gemv_dp4a_kernel(
     NB: tl.constexpr = BLOCK_K // 32              # scale blocks per tile
     e, valid = routed_expert(eid_ptr, r, E, HAS_EIDS)
 
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
+    offs_n, n_mask, w_rows, s_rows = expert_tile(w_ptr, ws_ptr, e, stride_we, stride_se, pid_n, N, KW, KB, BLOCK_N)
     offs_w = tl.arange(0, BLOCK_W)
     offs_b = tl.arange(0, NB)
-    w_rows = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * KW
-    s_rows = ws_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * KB
     xr = (r // ROWS_PER_X).to(tl.int64)
     x_row = x_ptr + xr * stride_x
     one = tl.zeros([1], tl.int64)                       # a row pointer as a 1-row tensor

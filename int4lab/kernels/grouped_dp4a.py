@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from .epilogue import finish_rows, fold_blocks
-from .gemv_dp4a import _dp4a, x_words_from_codes
+from .gemv_dp4a import _dp4a, expert_tile, x_words_from_codes
 
 MAX_BLOCK_M = 8          # rows unrolled per program (one accumulator each)
 
@@ -102,12 +102,10 @@ def grouped_dp4a_kernel(
         e = tl.where(valid, g, 0)
         row0 = tl.load(row0_ptr + tile)
         r_first = tl.load(order_ptr + row0)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < N
+        offs_n, n_mask, w_rows, s_rows = expert_tile(w_ptr, ws_ptr, e, stride_we, stride_se, pid_n, N, KW, KB,
+                                                     BLOCK_N)
         offs_w = tl.arange(0, BLOCK_W)
         offs_b = tl.arange(0, NB)
-        w_rows = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * KW
-        s_rows = ws_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * KB
         # Row m's x and scale pointers (a row past n_rows repeats the first: in bounds, never accumulated).
         x0, s0 = _row_ptrs(order_ptr, row0, 0, n_rows, r_first, x_ptr, xs_ptr, stride_x, stride_xs, ROWS_PER_X)
         x1, s1 = _row_ptrs(order_ptr, row0, 1, n_rows, r_first, x_ptr, xs_ptr, stride_x, stride_xs, ROWS_PER_X)
