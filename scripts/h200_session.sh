@@ -22,7 +22,7 @@ t0=$(date +%s)
 STAGES=${STAGES:-checks,bench}
 if [[ $STAGES == *checks* ]]; then
 echo "== 1. test suite on CUDA (the GPU-relevant files; lm-eval is not on the image)"
-timeout 170 python3 -m pytest -q -m "not notebook" -p no:cacheprovider tests/test_kernels.py \
+timeout 230 python3 -m pytest -q -m "not notebook" -p no:cacheprovider tests/test_kernels.py \
   tests/test_w4a16_cutlass.py tests/test_format.py tests/test_bench.py 2>&1 | tee "$OUT/cuda_tests_h200.txt" | tail -6
 echo "== 2. 100 graph replays bit-identical, counters zero ($(( $(date +%s) - t0 )) s in)"
 timeout 90 python3 -m int4lab.tune.replay_check --out "$OUT/replay_check.json" | tail -3
