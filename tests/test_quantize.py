@@ -121,6 +121,27 @@ def test_int4_experts_kernel_path_matches_reference(monkeypatch):
         assert _close(got_l[a], m(xl), 2 ** -8), a
 
 
+def test_int4_experts_kernel_path_chunks_a_full_forward(monkeypatch):
+    """More routed rows than one routing program sorts (a scoring forward at real width: 16384 rows of
+    OLMoE/Qwen3) go through the kernels in chunks of whole tokens, with the same result as one call."""
+    import int4lab.kernels.grouped as G
+    model = tiny_model("mixtral", experts=4)
+    q = Int4Experts.from_experts(model.model.layers[0].mlp.experts, "int8")
+    q.kernels = True
+    x = torch.randn(5, 64)
+    idx = torch.tensor([[0, 3], [2, 1], [3, 2], [1, 0], [2, 2]])
+    wts = torch.softmax(torch.randn(5, 2), -1)
+    whole = q(x, idx, wts)
+    monkeypatch.setattr(G, "MAX_ROUTED_ROWS", 4)        # 2 tokens of top-2 per chunk: chunks of 2, 2, 1
+    calls = []
+    import int4lab.kernels as K
+    real = K.moe_decode_step
+    monkeypatch.setattr(K, "moe_decode_step", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
+    chunked = q(x, idx, wts)
+    assert calls == [2, 2, 1]
+    assert torch.equal(chunked, whole)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: compares the kernels with the CPU reference")
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("act", ["int8", "bf16"])

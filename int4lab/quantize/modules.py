@@ -210,10 +210,17 @@ class Int4Experts(_Int4Module):
     def _forward_gemv(self, hidden_states, top_k_index, top_k_weights):
         # The MoE decode step of int4lab.kernels: one routed GEMV row per (token, slot), SwiGLU fused with
         # the re-quantisation of h, the k slots combined with the routing weights in float32.
+        # A full forward (scoring, calibration) routes more rows than one decode step's routing program sorts
+        # (MAX_ROUTED_ROWS): the tokens go through in chunks of whole tokens; each token's rows are independent,
+        # so the result is the same as one call.
         from ..kernels import moe_decode_step
-        y = moe_decode_step(hidden_states.contiguous(), top_k_index.contiguous(), top_k_weights.float().contiguous(),
-                            self.gate_up_packed, self.gate_up_scales, self.down_packed, self.down_scales)
-        return y.to(hidden_states.dtype)
+        from ..kernels.grouped import MAX_ROUTED_ROWS
+        x, ids, w = hidden_states.contiguous(), top_k_index.contiguous(), top_k_weights.float().contiguous()
+        step = max(1, MAX_ROUTED_ROWS // max(1, ids.shape[-1]))
+        ys = [moe_decode_step(x[i:i + step], ids[i:i + step], w[i:i + step], self.gate_up_packed,
+                              self.gate_up_scales, self.down_packed, self.down_scales)
+              for i in range(0, x.shape[0], step)]
+        return (ys[0] if len(ys) == 1 else torch.cat(ys)).to(hidden_states.dtype)
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, hidden={self.hidden_dim}, intermediate={self.intermediate_dim}, "
