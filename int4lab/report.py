@@ -158,13 +158,13 @@ def moe_keys(rec) -> list[tuple[str, int]]:
 
 
 def best_ours_moe(rec, model: str, rows: int) -> float | None:
-    """The faster of our two MoE paths (routed GEMV, grouped GEMM) for (model, tokens), if either was timed."""
+    """The faster of our two MoE paths (routed GEMV, grouped tiles) for (model, tokens), if either was timed."""
     ts = [t for t in (_us(rec, i, model=model, layer="moe", rows=rows) for i in OURS_MOE) if t is not None]
     return min(ts) if ts else None
 
 
 def moe_table(rec, anchors=()) -> str:
-    head = ["model", "tokens", "experts read", "read floor", "int4-b32 routed GEMV", "int4-b32 grouped GEMM",
+    head = ["model", "tokens", "experts read", "read floor", "int4-b32 routed GEMV", "int4-b32 grouped",
             "best int4 / floor", "bf16 loop", "grouped_mm (bf16)", "llama.cpp Q4_0 routed (recorded)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for model, R in moe_keys(rec):

@@ -438,7 +438,7 @@ def test_report_tables_show_floor_ratios_and_peer_ratios(tmp_path):
     head = _cells(moe[0])
     one = dict(zip(head, _cells(next(line for line in moe if line.startswith("| qwen3 | 1 |")))))
     assert one["experts read"] == "8" and one["read floor"] == "11.0" and one["best int4 / floor"] == "1.27"
-    assert one["bf16 loop"] == "130.0 (9.29×)" and one["int4-b32 grouped GEMM"] == "–"
+    assert one["bf16 loop"] == "130.0 (9.29×)" and one["int4-b32 grouped"] == "–"
     assert one["llama.cpp Q4_0 routed (recorded)"] == f"19.7 ({(11.06 + 8.61) / 14.0:.2f}×)"
     four = dict(zip(head, _cells(next(line for line in moe if line.startswith("| qwen3 | 4 |")))))
     assert four["best int4 / floor"] == "1.20" and four["grouped_mm (bf16)"] == "140.0 (4.67×)"   # best = grouped
