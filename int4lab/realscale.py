@@ -205,7 +205,7 @@ def _step(rec: dict, key: str, fn, log) -> object:
         return r
     except Exception as e:                                          # recorded, and the next step runs
         rec.setdefault("errors", {})[key] = {"error": f"{type(e).__name__}: {e}",
-                                             "traceback": traceback.format_exc().splitlines()[-8:]}
+                                             "traceback": traceback.format_exc().splitlines()[-40:]}
         log(f"{key} FAILED: {type(e).__name__}: {e}")
         return None
 
@@ -468,7 +468,7 @@ def main(argv=None) -> int:
         except Exception as e:                                  # one architecture's failure keeps the others
             rec = {"arch": arch, "layers": args.layers, "width": args.width,
                    "errors": {"measure": {"error": f"{type(e).__name__}: {e}",
-                                          "traceback": traceback.format_exc().splitlines()[-8:]}}}
+                                          "traceback": traceback.format_exc().splitlines()[-40:]}}}
         failed += bool(rec.get("errors"))
         merge_receipt(args.out, rec, settings, command)
         log(f"== {arch} written to {args.out}" + (f" (errors: {sorted(rec['errors'])})" if rec.get("errors") else ""))
