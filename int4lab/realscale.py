@@ -339,15 +339,20 @@ def measure_arch(arch: str, layers: int, workdir, width: str = "real", split_gpu
         gpu = split_gpu or _half_gb(synth["bytes"])
         mm = {0: gpu, "cpu": "200GiB"}
         n0 = len(loads)
-        with phase(split):
-            p = run_gate(str(src), [a for a in arms if a.scheme.name.startswith("gptq/experts/")],
-                         loader=loader("auto", mm), device_map="auto", max_memory=mm, **kw)
-        src_model = made[0]
+        split["max_memory"] = {str(k): v for k, v in mm.items()}
+        try:
+            with phase(split):
+                p = run_gate(str(src), [a for a in arms if a.scheme.name.startswith("gptq/experts/")],
+                             loader=loader("auto", mm), device_map="auto", max_memory=mm, **kw)
+        finally:    # the placement is evidence whether the gate finished or not
+            hf_map = getattr(made[0], "hf_device_map", None) if made else None
+            split["device_map"] = {k: str(d) for k, d in (hf_map or {}).items()}
+            rec["split_placement"] = split["device_map"]
         placed = {}
-        for _, d in (getattr(src_model, "hf_device_map", None) or {}).items():
-            placed[str(d)] = placed.get(str(d), 0) + 1
-        split.update({"max_memory": {str(k): v for k, v in mm.items()}, "device_map_entries": placed,
-                      "load_s": loads[n0:], "arms": _summarise_arms(p), "parity": p.get("parity")})
+        for d in split["device_map"].values():
+            placed[d] = placed.get(d, 0) + 1
+        split.update({"device_map_entries": placed, "load_s": loads[n0:], "arms": _summarise_arms(p),
+                      "parity": p.get("parity")})
         made.clear()
         return split
     if cuda:
