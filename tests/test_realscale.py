@@ -105,7 +105,7 @@ def test_max_memory_parsing_and_cli_errors(ckpt, capsys):
             gate.parse_max_memory(bad)
     base = ["--model", str(ckpt), "--device", "cpu", "--quiet"]
     assert gate.main(base + ["--max-memory", "0=1GiB"]) == 2
-    assert "--max-memory needs --device-map" in capsys.readouterr().err
+    assert "max_memory needs device_map (e.g. --device-map auto)" in capsys.readouterr().err
     assert gate.main(base + ["--device-map", "auto", "--max-memory", "zero=1GiB"]) == 2
     assert "max_memory item 'zero=1GiB'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="max_memory needs device_map"):

@@ -81,13 +81,11 @@ def main(argv=None) -> int:
     try:
         from .models import parse_max_memory
         max_memory = parse_max_memory(args.max_memory)
-        if max_memory and not args.device_map:
-            raise ValueError("--max-memory needs --device-map (e.g. --device-map auto)")
         check_budget(args.budget)
         arms = plan_arms(args.scheme, args.targets, args.act, args.lottery, args.calib_draws, args.dither)
         payload = run_gate(args.model, arms, budget=args.budget, dtype=dtype, device=args.device,
-                           device_map=args.device_map, max_memory=max_memory, texts=args.texts, window=args.window,
-                           batch=args.batch,
+                           device_map=args.device_map, max_memory=max_memory, texts=args.texts,
+                           window=args.window, batch=args.batch,
                            floor=not args.no_floor, calib_tokens=args.calib_tokens, calib_len=args.calib_len,
                            min_rows=args.min_rows, damp=args.damp, n_boot=args.boot, seed=args.seed,
                            parity_steps=args.parity_steps, max_docs=args.max_docs,

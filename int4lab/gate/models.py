@@ -39,6 +39,12 @@ def parse_max_memory(items) -> dict | None:
     return out
 
 
+def check_max_memory(max_memory, device_map) -> None:
+    """max_memory bounds accelerate's placement, so it needs a device_map (ValueError otherwise)."""
+    if max_memory and not device_map:
+        raise ValueError("max_memory needs device_map (e.g. --device-map auto): it bounds accelerate's placement")
+
+
 def load_model(model: str, dtype=torch.float32, device: str = "cpu", device_map: str | None = None,
                max_memory: dict | None = None):
     """(model, tokenizer, short name) for a tiny arch name (int4lab.models.ARCHS) or a checkpoint directory.
@@ -49,8 +55,7 @@ def load_model(model: str, dtype=torch.float32, device: str = "cpu", device_map:
     without device_map or with a tiny model name.
     """
     from ..models import ARCHS
-    if max_memory and not device_map:
-        raise ValueError("max_memory needs device_map (e.g. --device-map auto): it bounds accelerate's placement")
+    check_max_memory(max_memory, device_map)
     if max_memory and model in ARCHS:
         raise ValueError("max_memory applies to checkpoint directories, not the tiny models")
     if model in ARCHS:

@@ -105,9 +105,8 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     for t in texts:
         if t not in TEXTS:
             raise ValueError(f"texts must be among {TEXTS}, got {t!r}")
-    from .models import load_model
-    if max_memory and not device_map:
-        raise ValueError("max_memory needs device_map (e.g. --device-map auto): it bounds accelerate's placement")
+    from .models import check_max_memory, load_model
+    check_max_memory(max_memory, device_map)
     _load = loader or (lambda dt: load_model(model, dt, device, device_map, max_memory))
 
     def load(dt):
