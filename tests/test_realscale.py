@@ -176,6 +176,24 @@ def test_offloaded_model_quantises_like_the_resident_one(scheme):
     assert len(rb.timing) == 2
 
 
+def test_onload_leaves_every_tensor_on_the_execution_device():
+    """Detaching accelerate's offload hook puts each tensor back where it was before dispatch (the host, where
+    transformers loads a device map's "cpu" entries), so _onload must detach before placing. The bug this
+    pins down failed the GPU/host split run on the H200; here meta stands in for the GPU when there is none."""
+    from accelerate.hooks import attach_align_device_hook
+    from accelerate.utils import OffloadedWeightsLoader
+    from int4lab.quantize.driver import _onload
+    dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("meta")
+    layer = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.LayerNorm(4))
+    weights = OffloadedWeightsLoader(state_dict={k: v.clone() for k, v in layer.state_dict().items()})
+    attach_align_device_hook(layer, execution_device=dev, offload=True, weights_map=weights)
+    assert layer[0].weight.device.type == "meta"               # offloaded: fetched per forward
+    _onload(layer)
+    for name, t in layer.named_parameters():
+        assert t.device.type == dev.type, name
+    assert not any(hasattr(m, "_hf_hook") for m in layer.modules())
+
+
 def test_batched_gptq_equals_the_per_expert_sweep():
     from int4lab.gptq import gptq_pack_int4_b32, gptq_pack_int4_b32_experts
     E, N, K = 3, 64, 128

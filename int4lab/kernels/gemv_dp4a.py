@@ -191,5 +191,12 @@ def gemv_dp4a_kernel(
             wd = wd_next
 
     rows = r + tl.zeros([1], tl.int32)
-    finish_rows(fold_blocks(acc, BLOCK_N, NB)[None, :], valid, rows, rows >= 0, out_ptr, part_ptr, cnt_ptr, tw_ptr,
+    # Routed rows fold in the grouped kernel's fixed order (the two paths give the same bits). A dense GEMV
+    # has no twin and folds with tl.sum: fold_blocks' reshapes cost ~0.7 us per M weights on sm_90 at NB 64-128
+    # (the single-row plans; notes/perf.md, the regression probe), tl.sum nothing measurable.
+    if HAS_EIDS:
+        y = fold_blocks(acc, BLOCK_N, NB)
+    else:
+        y = tl.sum(acc, axis=1)
+    finish_rows(y[None, :], valid, rows, rows >= 0, out_ptr, part_ptr, cnt_ptr, tw_ptr,
                 split, R, N, pid_n, tl.num_programs(0), offs_n, n_mask, SPLIT_K, TOPK, HAS_W)

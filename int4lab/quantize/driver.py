@@ -206,9 +206,11 @@ def _onload(layer) -> None:
         names = [n for n, _ in mod.named_parameters(recurse=False)]
         if h.offload_buffers:
             names += [n for n, _ in mod.named_buffers(recurse=False)]
+        # The hook goes first: detaching it puts each tensor back on the device it had before dispatch
+        # (the host, where transformers loads "cpu" entries), which would undo the placement below.
+        remove_hook_from_module(mod)
         for n in names:
             set_module_tensor_to_device(mod, n, h.execution_device, value=h.weights_map[n])
-        remove_hook_from_module(mod)
 
 
 def _layer_device(layer):
