@@ -501,15 +501,17 @@ def realscale_table(receipts=RECEIPTS) -> str:
             f"{_gb(g.get('gpu_peak_bytes'))} / {_gb(g.get('host_peak_bytes'))}", dec, split_s]))
     lines.append("")
     # The gate holds the source and every arm at once: its weights alone are bf16 + arms x int4.
+    from .gate import plan_arms
+    least = len(plan_arms(("gptq",), lottery=0, calib_draws=1))     # round-to-nearest always runs beside GPTQ
     need = []
     for arch, a in sorted(r.get("archs", {}).items()):
         ex = a.get("extrapolation", {})
         bf, q = ((ex.get(k) or {}).get("full_depth") for k in ("bf16_bytes", "quantized_bytes"))
         if bf and q:
-            need.append(f"{arch} {_gb(bf + 2 * q)} with two arms, {_gb(bf + 4 * q)} with four")
+            need.append(f"{arch} {_gb(bf + least * q)} with {least} arms, {_gb(bf + 4 * q)} with 4")
     if need:
-        lines.append("Weights the gate holds at the published depth (bf16 source + one int4 model per arm, before "
-                     "activations and GPTQ scratch; the smallest gate has two arms, round-to-nearest and one GPTQ draw): " + "; ".join(need) + ".")
+        lines.append(f"Weights the gate holds at the published depth (bf16 source + one int4 model per arm, before "
+                     f"activations and GPTQ scratch; the smallest GPTQ gate has {least} arms): " + "; ".join(need) + ".")
         lines.append("")
     lines.append(f"Sizes and times are extrapolated to the published depth from the measured layers; peaks are "
                  f"as measured. {_prov(r)}.")
