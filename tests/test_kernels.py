@@ -323,10 +323,30 @@ def test_grouped_dp4a_matches_reference(device, E, N, K, L, block_m, split_k, ro
     assert counters_all_zero()
 
 
-@pytest.mark.parametrize("split_k", [1, 2])
-def test_grouped_mma_matches_reference(device, split_k):
-    got, ref, _ = grouped_case(device, 3, 40, 192, 19, 16, kind="mma", split_k=split_k)
+@pytest.mark.parametrize("split_k,block_k", [(1, 256), (2, 32), (3, 128)])
+def test_grouped_mma_matches_reference(device, split_k, block_k):
+    got, ref, _ = grouped_case(device, 3, 40, 192, 19, 16, kind="mma", split_k=split_k, block_k=block_k)
     assert_close_bf16(got, ref)
+
+
+@pytest.mark.parametrize("split_k,tile_major", [(1, True), (2, False), (3, True)])
+def test_grouped_mma_dp4a_and_tile_order_same_bits(device, split_k, tile_major):
+    """The tensor-core tile (16 rows, NB blocks per batched dot) and the dp4a tile (4 rows) scale and fold
+    the same block sums in the same order: the same bits for the same block_k and split_k, whichever grid
+    order runs the tiles. A K tail inside the last step, ragged N, an expert with no rows."""
+    E, N, K, L = 3, 40, 352, 21
+    packed, scales = pack(E, N, K, device)
+    ids = torch.randint(0, E - 1, (L,), dtype=torch.int32).to(device)
+    xq, xs = quant_x_rows(torch.randn(L, K).to(device))
+    nw = 1 if device == "cpu" else 4
+    outs = []
+    for bm, kind, major in ((4, "dp4a", False), (16, "mma", tile_major), (4, "dp4a", True)):
+        plan = GroupedPlan(bm, 16, 128, nw, 1, split_k=split_k, kind=kind, tile_major=major)
+        outs.append(gemm_int4_b32_grouped(xq, xs, packed, scales, build_group_tiles(ids, E, bm), plan=plan))
+    assert_close_bf16(outs[0], grouped_ref(xq, xs, packed, scales, ids, N, K))
+    for o in outs[1:]:
+        assert torch.equal(outs[0].view(torch.int16), o.view(torch.int16))
+    assert counters_all_zero()
 
 
 def test_grouped_invalid_ids_under_capture_give_nan(device, monkeypatch):
@@ -510,6 +530,11 @@ def test_bad_inputs(device):
         gemm_int4_b32_grouped(xq, xs, packed, scales, t, plan=GroupedPlan(4, 16, 256, 1, 1, kind="mma"))
     with pytest.raises(ValueError, match=r"<= 8 for dp4a: rows unrolled per program"):
         gemm_int4_b32_grouped(xq, xs, packed, scales, t, plan=GroupedPlan(16, 16, 256, 1, 1))
+    t16 = build_group_tiles(eids, E, 16)
+    with pytest.raises(ValueError, match=r"mma grouped plan needs block_k a power of two >= 32"):
+        gemm_int4_b32_grouped(xq, xs, packed, scales, t16, plan=GroupedPlan(16, 16, 48, 1, 1, kind="mma"))
+    with pytest.raises(ValueError, match=r"dp4a grouped plan needs block_k a power of two >= 128"):
+        gemm_int4_b32_grouped(xq, xs, packed, scales, t, plan=GroupedPlan(4, 16, 64, 1, 1))
     with pytest.raises(ValueError, match="at most 8192 routed rows"):
         build_group_tiles(torch.zeros(MAX_ROUTED_ROWS + 1, dtype=torch.int32, device=device), E, 16)
     gp, gs, dp, ds = moe_weights(E, K, 32, device)

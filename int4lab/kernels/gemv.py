@@ -24,7 +24,7 @@ import triton
 from .._checks import (FLOAT_DTYPES, check_contiguous, check_devices, check_ids, check_k, check_out,
                        check_packed, check_rows_contiguous, check_shape, check_tensor, interpreting)
 from . import plan as _plan
-from .gemv_dp4a import X_CODES, X_FLOAT, X_SWIGLU, gemv_dp4a_kernel
+from .gemv_dp4a import PDL_TILES, X_CODES, X_FLOAT, X_SWIGLU, gemv_dp4a_kernel
 from .gemv_mma import gemv_int4_b32_kernel
 from .gemv_w4a16 import W4A16_BLOCK_K, W4A16_BLOCK_N, gemv_w4a16_kernel
 
@@ -48,13 +48,15 @@ def _workspace(dev: torch.device, n_part: int, n_cnt: int):
 
 
 def _launch_gemv(x, xs, packed, scales, eids, N, K, R, *, out=None, part=None, split_k=None, plan=None,
-                 x_mode=X_CODES, rows_per_x=1, topk_w=None):
+                 x_mode=X_CODES, rows_per_x=1, topk_w=None, pdl=0):
     """One launch, inputs already validated by the public callers. Returns bf16 out [R // A, N].
 
     x: int8 codes [*, K] with float32 xs [*, K/32] (X_CODES), float [*, K] (X_FLOAT) or float [*, 2K]
     gate | up rows (X_SWIGLU); row r reads x row r // rows_per_x. topk_w [T, A]: out row t is the
     router-weighted sum of rows t*A .. t*A + A - 1 (the MoE combine, finished in the same launch).
     `part` [SK, R, N] float32 may be given (its first dim then sets split-K); else the cached workspace.
+    pdl (dp4a only): 1 = the next launch may overlap this one's tail, 2 = this launch is that next launch
+    (gemv_dp4a_kernel's PDL); 0 = neither. Ignored in the interpreter.
     """
     dev = x.device
     if part is not None:
@@ -89,7 +91,9 @@ def _launch_gemv(x, xs, packed, scales, eids, N, K, R, *, out=None, part=None, s
             x.view(torch.int32) if words else x, xs if xs is not None else x, packed.view(torch.int32), scales,
             ids, out, part, cnt, tw, R, N, K, packed.shape[0], x.stride(0) // 4 if words else x.stride(0),
             xs.stride(0) if xs is not None else 0, N * K // 8, K // 8, N * K // 32, K // 32,
-            PREFETCH=p.prefetch, **common)
+            PREFETCH=p.prefetch, PDL=0 if interpreting() else pdl,
+            PF_TILES=min(common["TILES_PER_SPLIT"], PDL_TILES) if pdl == 2 else 0, **common,
+            **({"launch_pdl": True} if pdl == 2 and not interpreting() else {}))
     else:
         gemv_int4_b32_kernel[grid](
             x, xs if xs is not None else x, packed, scales, ids, out, part, cnt, tw,

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .epilogue import finish_rows, fold_blocks, routed_expert
 from .quant import quant_blocks, silu_mul
@@ -122,6 +123,23 @@ def _x_words_from_floats(x_row, t, K, X_MODE: tl.constexpr, BLOCK_K: tl.constexp
     return xe, xo, negc, xs
 
 
+PDL_TILES = 4          # weight tiles a PDL-launched program asks L2 for before it waits (a few MB in all)
+
+
+@triton.jit
+def _prefetch_l2(w_rows, n_mask, t0, KW, safe_ptr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
+                 TILES: tl.constexpr):
+    """prefetch.global.L2 of weight tiles t0 .. t0 + TILES - 1: one request per 128-byte line (32 words);
+    an address past the row or past N becomes `safe_ptr` (prefetch is a hint, but never an invalid one)."""
+    LINES: tl.constexpr = (BLOCK_W + 31) // 32
+    for i in tl.static_range(TILES):
+        w_idx = (t0 + i) * BLOCK_W + tl.arange(0, LINES) * 32
+        ok = n_mask[:, None] & (w_idx < KW)[None, :]
+        ptr = tl.where(ok, w_rows + w_idx[None, :], safe_ptr)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [ptr], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
 @triton.jit
 def gemv_dp4a_kernel(
     # Pointers
@@ -131,7 +149,8 @@ def gemv_dp4a_kernel(
     # Meta-parameters
     X_MODE: tl.constexpr, ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
     TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_EIDS: tl.constexpr,
-    HAS_W: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr,
+    HAS_W: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr = 0,
+    PF_TILES: tl.constexpr = 0,
 ):
     """One program owns out[r, n0 : n0 + BLOCK_N] for K-split `split` (grid: N tiles, SPLIT_K, R).
 
@@ -144,15 +163,27 @@ def gemv_dp4a_kernel(
     aligned and masks constant over 4 words, and load the weights as 16-byte vectors (from K // 8 it proved
     2 and emitted one 4-byte load per word: tune/resources.py counts them). PREFETCH issues tile i + 1's weight
     loads before tile i's arithmetic (a hand-made double buffer: more bytes in flight per program).
+
+    PDL (programmatic dependent launch, sm_90; 0 = off): 1 lets the next kernel's programs start once every
+    program here has started; 2 is that next kernel, launched with launch_pdl: it asks L2 for its first
+    PDL_TILES weight tiles (weights are never written by the kernel before it), then waits for that kernel
+    to finish before it reads anything else (x, the split-K workspace) or writes. PF_TILES: the
+    launcher's min(TILES_PER_SPLIT, PDL_TILES).
     """
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     r = tl.program_id(2)
     BLOCK_W: tl.constexpr = BLOCK_K // 8          # weight words per row per tile
     NB: tl.constexpr = BLOCK_K // 32              # scale blocks per tile
+    if PDL == 1:
+        gdc_launch_dependents()
     e, valid = routed_expert(eid_ptr, r, E, HAS_EIDS)
 
     offs_n, n_mask, w_rows, s_rows = expert_tile(w_ptr, ws_ptr, e, stride_we, stride_se, pid_n, N, KW, KB, BLOCK_N)
+    if PDL == 2:
+        _prefetch_l2(w_rows, n_mask, split * TILES_PER_SPLIT, KW, w_ptr + e * stride_we, BLOCK_N, BLOCK_W,
+                     PF_TILES)
+        gdc_wait()
     offs_w = tl.arange(0, BLOCK_W)
     offs_b = tl.arange(0, NB)
     xr = (r // ROWS_PER_X).to(tl.int64)

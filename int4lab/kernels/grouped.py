@@ -216,20 +216,20 @@ def gemm_int4_b32_grouped(xq, xs, packed, scales, tiles: GroupTiles, *, rows_per
     else:
         part = cnt = out
     tw = topk_w if topk_w is not None else out
-    grid = (n_tiles, sk, T)
-    common = dict(SPLIT_K=sk, TOPK=A, BLOCK_M=p.block_m, BLOCK_N=p.block_n, HAS_W=topk_w is not None,
-                  ROWS_PER_X=rows_per_x, num_warps=p.num_warps, num_stages=p.num_stages)
+    grid = (T, sk, n_tiles) if p.tile_major else (n_tiles, sk, T)
+    common = dict(SPLIT_K=sk, TOPK=A, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_K=p.block_k,
+                  HAS_W=topk_w is not None, ROWS_PER_X=rows_per_x, TILE_MAJOR=p.tile_major,
+                  TILES_PER_SPLIT=triton.cdiv(triton.cdiv(K, p.block_k), sk), num_warps=p.num_warps,
+                  num_stages=p.num_stages)
     if p.kind == "dp4a":
         grouped_dp4a_kernel[grid](
             xq.view(torch.int32), xs, packed.view(torch.int32), scales, tiles.order, tiles.row0, tiles.rows,
             tiles.group, out, part, cnt, tw, L, N, E, xq.stride(0) // 4, xs.stride(0), N * K // 8, K // 8,
-            N * K // 32, K // 32, TILES_PER_SPLIT=triton.cdiv(triton.cdiv(K, p.block_k), sk),
-            BLOCK_K=p.block_k, USE_ASM=not interpreting(), **common)
+            N * K // 32, K // 32, USE_ASM=not interpreting(), **common)
     else:
         grouped_mma_kernel[grid](
             xq, xs, packed, scales, tiles.order, tiles.row0, tiles.rows, tiles.group, out, part, cnt, tw,
-            L, N, E, xq.stride(0), xs.stride(0), N * K // 2, K // 2, N * K // 32, K // 32,
-            BLOCKS_PER_SPLIT=triton.cdiv(K // 32, sk), **common)
+            L, N, E, xq.stride(0), xs.stride(0), N * K // 2, K // 2, N * K // 32, K // 32, **common)
     return out
 
 

@@ -68,7 +68,7 @@ def _row_finish(acc, m: tl.constexpr, order_ptr, row0, n_rows, r_first, valid, o
     live = tl.full([1], m, tl.int32) < n_rows
     r = tl.load(order_ptr + row0 + m + tl.zeros([1], tl.int32), mask=live, other=r_first)
     finish_rows(fold_blocks(acc, BLOCK_N, NB)[None, :], valid, r, live, out_ptr, part_ptr, cnt_ptr, tw_ptr,
-                split, L, N, pid_n, tl.num_programs(0), offs_n, n_mask, SPLIT_K, TOPK, HAS_W)
+                split, L, N, pid_n, tl.cdiv(N, BLOCK_N), offs_n, n_mask, SPLIT_K, TOPK, HAS_W)
 
 
 @triton.jit
@@ -80,9 +80,11 @@ def grouped_dp4a_kernel(
     # Meta-parameters
     ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, TOPK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_W: tl.constexpr,
-    USE_ASM: tl.constexpr,
+    USE_ASM: tl.constexpr, TILE_MAJOR: tl.constexpr,
 ):
-    """One program owns out[rows of tile, n0 : n0 + BLOCK_N] for K-split `split` (grid: N tiles, SPLIT_K, T).
+    """One program owns out[rows of tile, n0 : n0 + BLOCK_N] for K-split `split` (grid: (N tiles, SPLIT_K,
+    T), or (T, SPLIT_K, N tiles) when TILE_MAJOR: the tiles of one N range then run side by side and an
+    expert with several tiles is read from DRAM about once, the others hitting L2).
 
     x int8 codes [*, K] read as int32 words, xs float32 [*, K/32]; row r reads x row r // ROWS_PER_X.
     w int32 words [E, N, K/8], ws float16 [E, N, K/32]. order int32 [L] (sorted position -> row), row0 /
@@ -90,9 +92,13 @@ def grouped_dp4a_kernel(
     expert strides arrive as arguments so Triton proves 16-byte alignment (gemv_dp4a.py says why). Output,
     partials and counters as epilogue.finish_rows says, indexed by the original row r.
     """
-    pid_n = tl.program_id(0)
+    if TILE_MAJOR:
+        tile = tl.program_id(0)
+        pid_n = tl.program_id(2)
+    else:
+        pid_n = tl.program_id(0)
+        tile = tl.program_id(2)
     split = tl.program_id(1)
-    tile = tl.program_id(2)
     BLOCK_W: tl.constexpr = BLOCK_K // 8
     NB: tl.constexpr = BLOCK_K // 32
     n_rows = tl.load(rows_ptr + tile)

@@ -1,21 +1,26 @@
 """Grouped W4A8 kernel on the tensor cores: per 32-block an int8 x int8 -> int32 `tl.dot` of a tile.
 
-Shape legend: E = experts, N = out features, K = in features, L = routed rows, BM = rows per tile.
+Shape legend: E = experts, N = out features, K = in features, L = routed rows, BM = rows per tile,
+NB = 32-blocks per loop step (BLOCK_K / 32).
 
 Same contract as grouped_dp4a.py (tiles from grouped.build_group_tiles, rows gathered through `order`,
-epilogue.finish_rows for split-K and the MoE combine); only the block dot differs: the tile's BM rows
-(an MMA needs BM >= 16) times the expert's [BLOCK_N, 32] codes, exact in int32, then scaled per block in
-float32 as acc += d * (xs[m, b] * ws[n, b]). The per-block scaling is per (row, column, block) whatever the
-number of live rows, which is why the dp4a kernel is the plan at decode sizes (notes/perf.md measures both).
-Its float32 sum over blocks is sequential, not grouped_dp4a's fold: the two agree to float32 rounding,
-not bit for bit.
+epilogue.finish_rows for split-K and the MoE combine); only the block dot differs. Each loop step loads
+NB blocks of the tile's BM rows (an MMA needs BM >= 16) and of the expert's [BLOCK_N, 32 * NB] codes and
+multiplies them as one batched dot, [NB, BM, 32] x [NB, 32, BLOCK_N] -> [NB, BM, BLOCK_N], exact in
+int32 per block. Why batched: the W4A8 format scales every 32-block on both sides, so the block sums
+cannot share one int32 accumulator; a batch of NB blocks per step puts NB times more bytes in flight than
+one block per step (the first version, latency-bound: notes/perf.md).
+
+Numerics: each block sum is scaled as d * (ws * xs) and accumulated per block column across the K steps,
+and the NB columns are folded once at the end by epilogue.fold_blocks: the grouped dp4a kernel's order,
+so with the same block_k and split_k the two kernels (and the routed GEMV) give the same bits.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .epilogue import finish_rows
+from .epilogue import finish_rows, fold_blocks
 
 
 @triton.jit
@@ -25,17 +30,24 @@ def grouped_mma_kernel(
     # Dimensions
     L, N, E, stride_x, stride_xs, stride_we, KH, stride_se, KB,
     # Meta-parameters
-    ROWS_PER_X: tl.constexpr, BLOCKS_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, TOPK: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_W: tl.constexpr,
+    ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, TOPK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_W: tl.constexpr,
+    TILE_MAJOR: tl.constexpr,
 ):
-    """One program owns out[rows of tile, n0 : n0 + BLOCK_N] for K-split `split` (grid: N tiles, SPLIT_K, T).
+    """One program owns out[rows of tile, n0 : n0 + BLOCK_N] for K-split `split` (grid: (N tiles, SPLIT_K,
+    T), or (T, SPLIT_K, N tiles) when TILE_MAJOR).
 
     x int8 [*, K], xs float32 [*, K/32]; w uint8 [E, N, K/2] (even k low nibble), ws float16 [E, N, K/32];
-    KH = K / 2 bytes per weight row, KB = K / 32.
+    KH = K / 2 bytes per weight row, KB = K / 32; BLOCK_K a power of two >= 32.
     """
-    pid_n = tl.program_id(0)
+    if TILE_MAJOR:
+        tile = tl.program_id(0)
+        pid_n = tl.program_id(2)
+    else:
+        pid_n = tl.program_id(0)
+        tile = tl.program_id(2)
     split = tl.program_id(1)
-    tile = tl.program_id(2)
+    NB: tl.constexpr = BLOCK_K // 32
     n_rows = tl.load(rows_ptr + tile)
     if n_rows > 0:
         g = tl.load(group_ptr + tile).to(tl.int64)
@@ -47,24 +59,26 @@ def grouped_mma_kernel(
         xr = (r // ROWS_PER_X).to(tl.int64)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
+        offs_b = tl.arange(0, NB)
         offs_c = tl.arange(0, 32)
         offs_h = tl.arange(0, 16)
-        a_rows = x_ptr + xr[:, None] * stride_x
-        as_rows = xs_ptr + xr * stride_xs
-        w_rows = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * KH
-        s_rows = ws_ptr + e * stride_se + offs_n.to(tl.int64) * KB
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for i in range(0, BLOCKS_PER_SPLIT):
-            kb = split * BLOCKS_PER_SPLIT + i
+        a_rows = x_ptr + xr[None, :, None] * stride_x + offs_c[None, None, :]                    # [1, BM, 32]
+        as_rows = xs_ptr + xr[None, :] * stride_xs                                                # [1, BM]
+        w_rows = w_ptr + e * stride_we + offs_n[None, :, None].to(tl.int64) * KH + offs_h[None, None, :]
+        s_rows = ws_ptr + e * stride_se + offs_n[None, :].to(tl.int64) * KB                       # [1, BN]
+        acc = tl.zeros([NB, BLOCK_M, BLOCK_N], dtype=tl.float32)   # per block column, folded after the loop
+        for i in range(0, TILES_PER_SPLIT):
+            kb = (split * TILES_PER_SPLIT + i) * NB + offs_b                                      # [NB]
             live = kb < KB
-            a = tl.load(a_rows + kb * 32 + offs_c[None, :], mask=m_mask[:, None] & live, other=0)
-            asc = tl.load(as_rows + kb, mask=m_mask & live, other=0.0)
-            wb = tl.load(w_rows + kb * 16 + offs_h[None, :], mask=n_mask[:, None] & live, other=0)
+            a = tl.load(a_rows + kb[:, None, None] * 32, mask=live[:, None, None] & m_mask[None, :, None], other=0)
+            asc = tl.load(as_rows + kb[:, None], mask=live[:, None] & m_mask[None, :], other=0.0)
+            wb = tl.load(w_rows + kb[:, None, None] * 16, mask=live[:, None, None] & n_mask[None, :, None], other=0)
             lo = (wb & 15).to(tl.int8, bitcast=True)
             hi = (wb >> 4).to(tl.int8, bitcast=True)
-            w = tl.interleave(lo, hi) - 8                        # [BLOCK_N, 32] codes in k order
-            d = tl.dot(a, tl.trans(w), out_dtype=tl.int32)       # exact block sums [BLOCK_M, BLOCK_N]
-            wsc = tl.load(s_rows + kb, mask=n_mask & live, other=0.0).to(tl.float32)
-            acc += d.to(tl.float32) * (asc[:, None] * wsc[None, :])
-        finish_rows(acc, valid, r, m_mask, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, L, N, pid_n,
-                    tl.num_programs(0), offs_n, n_mask, SPLIT_K, TOPK, HAS_W)
+            w = tl.interleave(lo, hi) - 8                                   # [NB, BN, 32] codes in k order
+            d = tl.dot(a, tl.permute(w, (0, 2, 1)), out_dtype=tl.int32)     # exact block sums [NB, BM, BN]
+            wsc = tl.load(s_rows + kb[:, None], mask=live[:, None] & n_mask[None, :], other=0.0).to(tl.float32)
+            acc += d.to(tl.float32) * (wsc[:, None, :] * asc[:, :, None])
+        y = fold_blocks(tl.reshape(tl.permute(acc, (1, 2, 0)), [BLOCK_M * BLOCK_N, NB]), BLOCK_M * BLOCK_N, NB)
+        finish_rows(tl.reshape(y, [BLOCK_M, BLOCK_N]), valid, r, m_mask, out_ptr, part_ptr, cnt_ptr, tw_ptr,
+                    split, L, N, pid_n, tl.cdiv(N, BLOCK_N), offs_n, n_mask, SPLIT_K, TOPK, HAS_W)

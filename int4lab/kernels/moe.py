@@ -6,7 +6,8 @@ H = hidden size, I = expert intermediate size.
 Two paths, one contract (moe_decode_ref), chosen by moe_decode_step from (tokens, top-k, E, generation)
 through plan.moe_grouped, so the choice never depends on the routing and the call stays capture-legal:
 
-  routed (moe_decode_routed, 2 launches; up to a few rows per routed expert):
+  routed (moe_decode_routed, 2 launches, the second a programmatic dependent of the first on sm_90; up to
+  a few rows per routed expert):
     x [T, H] --gate_up GEMV, x quantised in its prologue (all L rows)--> h [L, 2I] bf16
       --down GEMV, SwiGLU + quantisation of h in its prologue, rows rounded to bf16 and combined with the
         router weights (float32, fixed order) by the last-arriving program--> out [T, H] bf16
@@ -128,19 +129,21 @@ def moe_decode_step(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_pa
 
 
 def moe_decode_routed(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales,
-                      *, split_k=None, plan=None):
+                      *, split_k=None, plan=None, pdl=None):
     """moe_decode_step's contract through two routed GEMVs (module doc). `split_k` applies to both GEMVs
-    (None: the launch plan's choice per shape); `plan` (a GemvPlan) overrides the table row."""
+    (None: the launch plan's choice per shape); `plan` (a GemvPlan) overrides the table row; `pdl` (None:
+    plan.moe_pdl) launches down as a programmatic dependent of gate_up (same bits, an earlier start)."""
     T, H, I, E = _check_moe(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales)
     A = topk_ids.shape[1]
     L = T * A
     eids = topk_ids.reshape(-1)
+    pdl = _plan.moe_pdl(x.device) if pdl is None else bool(pdl)
     # gate_up: row r = t*A + j reads token t (r // A), quantised in the GEMV's prologue.
     h = _launch_gemv(x, None, gate_up_packed, gate_up_scales, eids, 2 * I, H, L, x_mode=X_FLOAT, rows_per_x=A,
-                     split_k=split_k, plan=plan)
+                     split_k=split_k, plan=plan, pdl=1 if pdl else 0)
     # down: SwiGLU + quantisation of h in the prologue; the combine in the last-arriving program's epilogue.
     return _launch_gemv(h, None, down_packed, down_scales, eids, H, I, L, x_mode=X_SWIGLU, topk_w=topk_w,
-                        split_k=split_k, plan=plan)
+                        split_k=split_k, plan=plan, pdl=2 if pdl else 0)
 
 
 def moe_decode_grouped(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales,

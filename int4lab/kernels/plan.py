@@ -46,12 +46,13 @@ class GroupedPlan:
     """Meta-parameters of one `gemm_int4_b32_grouped` launch (and of the tiles built for it)."""
     block_m: int        # rows per tile (build_group_tiles' block_m); mma needs >= 16
     block_n: int
-    block_k: int        # dp4a: K per loop step, a power of two >= 128 (mma: ignored, one 32-block per step)
+    block_k: int        # K per loop step, a power of two: dp4a >= 128, mma >= 32 (block_k / 32 blocks batched)
     num_warps: int
     num_stages: int
     waves: float = 0.25          # target programs per SM when choosing split-K
     split_k: int | None = None   # None: chosen from `waves` by resolve_grouped
     kind: str = "dp4a"           # "dp4a": grouped_dp4a.py; "mma": grouped_mma.py (tensor cores)
+    tile_major: bool = False     # grid (tiles, splits, N tiles): an expert's tiles for one N range run together
 
 
 # Per generation: rows (smallest N * K per expert, smallest R rows, smallest K / N, plan); the first row
@@ -93,6 +94,10 @@ GROUPED_TABLE["sm80"] = GROUPED_TABLE["sm90"]
 # 5) is faster on OLMoE and Qwen3 (8 tokens: 62.5 / 55.8 us against 64.4 / 63.3); from 2 the grouped path
 # wins on all three models. The interpreter row exercises both.
 MOE_GROUPED_FROM_MEAN_ROWS = {"sm90": 2.0, "sm80": 2.0, "interp": 2.0}
+# Routed MoE step: whether the down GEMV is a programmatic dependent launch of the gate_up GEMV (its programs
+# start during gate_up's tail, ask L2 for their first weight tiles, then wait; gemv_dp4a_kernel's PDL).
+# griddepcontrol is sm_90 PTX; the interpreter has no launches to overlap.
+MOE_PDL = {"sm90": True, "sm80": False, "interp": False}
 # Elementwise kernels (activation quantisation, SwiGLU, combine, reduce): columns per program.
 ROW_BLOCK = {"sm90": 1024, "sm80": 1024, "interp": 256}
 
@@ -190,10 +195,11 @@ def resolve_grouped(plan: GroupedPlan | None, N: int, K: int, L: int, E: int, de
             or plan.block_n < 1):
         raise ValueError(f"a grouped plan needs block_m a power of two (>= 16 for mma, <= 8 for dp4a: rows "
                          f"unrolled per program) and block_n >= 1, got {plan}")
-    if plan.kind == "dp4a" and (bk < 128 or bk & (bk - 1)):
-        raise ValueError(f"a dp4a grouped plan needs block_k a power of two >= 128, got {plan}")
-    plan = dataclasses.replace(plan, block_k=max(128, min(bk, 1 << (K - 1).bit_length())))
-    k_steps = -(-K // plan.block_k) if plan.kind == "dp4a" else K // 32
+    min_bk = 128 if plan.kind == "dp4a" else 32
+    if bk < min_bk or bk & (bk - 1):
+        raise ValueError(f"a {plan.kind} grouped plan needs block_k a power of two >= {min_bk}, got {plan}")
+    plan = dataclasses.replace(plan, block_k=max(min_bk, min(bk, 1 << (K - 1).bit_length())))
+    k_steps = -(-K // plan.block_k)
     split_k = split_k if split_k is not None else plan.split_k
     if split_k is None:
         n_programs = -(-N // plan.block_n) * max(1, -(-L // bm))
@@ -208,6 +214,11 @@ def moe_grouped(tokens: int, top_k: int, experts: int, device) -> bool:
     min(experts, tokens * top_k), at least MOE_GROUPED_FROM_MEAN_ROWS of the generation."""
     L = tokens * top_k
     return L > 0 and L / min(experts, L) >= MOE_GROUPED_FROM_MEAN_ROWS[generation(device)]
+
+
+def moe_pdl(device) -> bool:
+    """Whether moe_decode_routed launches its down GEMV as a programmatic dependent of gate_up."""
+    return MOE_PDL[generation(device)]
 
 
 def row_block(device) -> int:

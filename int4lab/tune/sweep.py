@@ -28,7 +28,7 @@ from ..bench.timing import copies_for, l2_bytes, summarise, time_calls
 from ..bench.traffic import gemv_bytes
 from ..kernels.gemv import int4_linear
 from ..kernels.moe import moe_decode_grouped, moe_decode_routed
-from ..kernels.plan import MMA_PLAN, GemvPlan, GroupedPlan, gemv_plan, grouped_plan, num_sms
+from ..kernels.plan import MAX_SPLIT_K, MMA_PLAN, GemvPlan, GroupedPlan, gemv_plan, grouped_plan, num_sms
 from ..receipts import write_receipt
 from ..shapes import MODELS, all_shapes, by_priority
 
@@ -120,6 +120,45 @@ def sweep_dense(name, N, K, dev, full, rows, deadline, kinds=("dp4a",), l2=60 * 
           f"({row.get('best')})", flush=True)
 
 
+# Big-shape split sweep (v10): (block_n, block_k, num_warps, prefetch) x explicit split_k, one launch each.
+SPLIT_CFGS = [(32, 1024, 4, False), (16, 2048, 4, False), (16, 1024, 4, False), (32, 1024, 4, True),
+              (64, 512, 4, False)]
+SPLIT_SHAPES = [(4096, 14336), (28672, 8192)]
+
+
+def sweep_splits(dev, rows, deadline, l2=60 * 2**20, replays=REPLAYS):
+    """Every SPLIT_CFGS plan at every split_k that divides its K tiles evenly (and 1), per SPLIT_SHAPES."""
+    for N, K in SPLIT_SHAPES:
+        nbytes = int4_bytes(N, K)
+        copies = copies_for(nbytes, l2)
+        packed, scales = dense_weights(N, K, copies, dev)
+        x = torch.randn(1, K, device=dev).bfloat16()
+        row = {"N": N, "K": K, "bytes_int4_b32": nbytes, "copies": copies, "us": {}}
+        row["us"]["table"] = time_copies(lambda i: int4_linear(x, packed[i], scales[i]), copies, replays)
+        # the bench's allocation: one tensor per copy (a clone each), not one [copies, N, K/2] block
+        sep = [(packed[i].clone(), scales[i].clone()) for i in range(copies)]
+        row["us"]["table_cloned"] = time_copies(lambda i: int4_linear(x, *sep[i]), copies, replays)
+        del sep
+        for bn, bk, nw, pf in SPLIT_CFGS:
+            tiles = -(-K // bk)
+            splits = {d for d in range(2, MAX_SPLIT_K + 1) if tiles % d == 0 and (N < 16384 or d == 2)}
+            for sk in sorted({1} | splits):
+                if time.time() > deadline:
+                    row["truncated"] = True
+                    break
+                p = GemvPlan(block_n=bn, block_k=bk, num_warps=nw, num_stages=2, waves=1.0, split_k=sk, prefetch=pf)
+                label = f"bn{bn}_bk{bk}_w{nw}{'_pf' if pf else ''}_sk{sk}"
+                row["us"][label] = time_copies(lambda i: int4_linear(x, packed[i], scales[i], plan=p), copies,
+                                               replays)
+        best = min(row["us"], key=row["us"].get)
+        row["best"] = best
+        rows.append(row)
+        print(f"splits {N:6d}x{K:<6d} table {row['us']['table']:7.2f}  best {row['us'][best]:7.2f} ({best})",
+              flush=True)
+        del packed, scales
+        torch.cuda.empty_cache()
+
+
 def sweep_moe(model, dev, rows, plans=(("table", None),), replays=REPLAYS):
     m = MODELS[model]
     E, A, H, I = m.n_experts, m.top_k, m.hidden, m.intermediate
@@ -132,9 +171,22 @@ def sweep_moe(model, dev, rows, plans=(("table", None),), replays=REPLAYS):
     nbytes = A * (int4_bytes(2 * I, H) + int4_bytes(H, I))
     row = {"model": model, "E": E, "topk": A, "H": H, "I": I, "bytes_int4_b32": nbytes, "copies": sets}
     for label, p in plans:
-        row[f"us_{label}"] = time_copies(lambda i: moe_decode_routed(x, ids[i], tw, *gu, *dn, plan=p), sets, replays)
+        for pdl in (False, True):
+            key = f"us_{label}{'_pdl' if pdl else ''}"
+            try:
+                row[key] = time_copies(lambda i: moe_decode_routed(x, ids[i], tw, *gu, *dn, plan=p, pdl=pdl), sets,
+                                       replays)
+            except Exception as e:                     # PDL under capture is the thing being tried
+                row[key.replace("us_", "error_")] = f"{type(e).__name__}: {str(e)[:200]}"
+    try:
+        a = moe_decode_routed(x, ids[0], tw, *gu, *dn, pdl=False)
+        b = moe_decode_routed(x, ids[0], tw, *gu, *dn, pdl=True)
+        row["pdl_same_bits"] = bool(torch.equal(a.view(torch.int16), b.view(torch.int16)))
+    except Exception as e:
+        row["pdl_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     rows.append(row)
-    print(f"moe {model:8s} " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items() if k.startswith("us_")), flush=True)
+    print(f"moe {model:8s} " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items() if k.startswith("us_")),
+          {k: v for k, v in row.items() if "pdl_" in k or "error" in k}, flush=True)
 
 
 # Grouped MoE step: (block_n, block_k, num_warps) tried for each block_m. The dp4a kernel unrolls its rows
@@ -146,24 +198,36 @@ GROUPED_SHAPES = [(32, 512, 4), (16, 512, 4), (64, 512, 8), (32, 1024, 4), (16, 
 GROUPED_TOKENS = (4, 16, 64, 2, 8, 32)
 
 
-def grouped_variants(L: int, E: int, K_min: int):
+# Tensor-core tiles (block_n, block_k, num_warps, num_stages): block_k / 32 blocks per batched dot (v10).
+MMA_GROUPED = [(64, 256, 4, 2), (128, 256, 8, 2), (64, 128, 4, 3), (32, 512, 4, 2), (64, 32, 4, 2)]
+
+
+def grouped_variants(L: int, E: int, K_min: int, mma_only: bool = False):
     """(label, GroupedPlan or None) to try for L routed rows over E experts: the table (None), then dp4a
-    tiles of block_m around the mean rows per routed expert, then two tensor-core tiles (block_m 16)."""
+    tiles of block_m around the mean rows per routed expert (each also tile-major), then tensor-core tiles
+    (block_m 16, tile-major). `mma_only`: the table, the table's plan tile-major and the tensor-core tiles."""
     mean = L / max(1, min(E, L))
     bm0 = min(8, 1 << max(0, math.ceil(mean) - 1).bit_length())
     out = [("table", None)]
-    for bm in sorted({max(1, bm0 // 2), bm0, min(8, 2 * bm0)}):
-        fits = [(bn, bk, nw) for bn, bk, nw in GROUPED_SHAPES
-                if bn * bk // 8 <= 64 * 32 * nw and bk <= max(128, 1 << (K_min - 1).bit_length())]
-        for bn, bk, nw in fits[:4]:
-            out.append((f"dp4a_bm{bm}_bn{bn}_bk{bk}_w{nw}", GroupedPlan(bm, bn, bk, nw, 2)))
+    if not mma_only:
+        for bm in sorted({max(1, bm0 // 2), bm0, min(8, 2 * bm0)}):
+            fits = [(bn, bk, nw) for bn, bk, nw in GROUPED_SHAPES
+                    if bn * bk // 8 <= 64 * 32 * nw and bk <= max(128, 1 << (K_min - 1).bit_length())]
+            for bn, bk, nw in fits[:2]:
+                for major in (False, True):
+                    out.append((f"dp4a_bm{bm}_bn{bn}_bk{bk}_w{nw}{'_tm' if major else ''}",
+                                GroupedPlan(bm, bn, bk, nw, 2, tile_major=major)))
+    else:
+        out.append(("dp4a_bm4_bn32_bk512_w4_tm", GroupedPlan(4, 32, 512, 4, 2, tile_major=True)))
     if mean >= 2:
-        out += [("mma_bm16_bn64_w4", GroupedPlan(16, 64, 32, 4, 2, kind="mma")),
-                ("mma_bm16_bn128_w8", GroupedPlan(16, 128, 32, 8, 2, kind="mma"))]
+        for bn, bk, nw, ns in MMA_GROUPED:
+            out.append((f"mma_bm16_bn{bn}_bk{bk}_w{nw}_s{ns}_tm",
+                        GroupedPlan(16, bn, bk, nw, ns, kind="mma", tile_major=True)))
+        out.append(("mma_bm16_bn64_bk256_w4_s2", GroupedPlan(16, 64, 256, 4, 2, kind="mma")))
     return out
 
 
-def sweep_grouped(model, tokens, dev, rows, deadline, l2=60 * 2**20, replays=REPLAYS):
+def sweep_grouped(model, tokens, dev, rows, deadline, l2=60 * 2**20, replays=REPLAYS, mma_only=False):
     """Time the routed path and grouped variants for one (model, tokens): the bench's routing, random bytes."""
     from ..bench.peers import n_active, routing
     m = MODELS[model]
@@ -182,12 +246,16 @@ def sweep_grouped(model, tokens, dev, rows, deadline, l2=60 * 2**20, replays=REP
     row = {"model": model, "tokens": tokens, "E": E, "topk": A, "n_active": act, "bytes_int4_b32": nbytes,
            "copies": copies, "mean_rows_per_expert": L / min(E, L), "us": {}}
     row["us"]["routed"] = time_copies(lambda i: moe_decode_routed(x, ids, tw, *w[i]), copies, replays)
-    for label, p in grouped_variants(L, E, min(H, I)):
+    for label, p in grouped_variants(L, E, min(H, I), mma_only):
         if time.time() > deadline:
             row["truncated"] = True
             break
         try:
             row["us"][label] = time_copies(lambda i: moe_decode_grouped(x, ids, tw, *w[i], plan=p), copies, replays)
+            # every variant must agree with the routed path (same codes; float32 order may differ)
+            ref = moe_decode_routed(x, ids, tw, *w[0]).float()
+            got = moe_decode_grouped(x, ids, tw, *w[0], plan=p).float()
+            row.setdefault("rel_err_vs_routed", {})[label] = float((got - ref).norm() / ref.norm())
         except Exception as e:                         # a variant that fails to compile is a result too
             row["us"][label] = f"{type(e).__name__}: {str(e)[:160]}"
     row["table_plan"] = dataclasses.asdict(grouped_plan(2 * I, H, L, E, dev))
@@ -226,6 +294,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pick", action="store_true", help="read --out and print the best dp4a plan as JSON")
     ap.add_argument("--grouped", action="store_true",
                     help="time the MoE step's routed path and grouped variants per (model, tokens) instead")
+    ap.add_argument("--probe", action="store_true",
+                    help="v10 probe: big-shape splits, one-token MoE with and without PDL, grouped tensor-core "
+                         "tiles (with --tokens) in one receipt")
     ap.add_argument("--tokens", type=int, nargs="+", default=None,
                     help=f"--grouped: decode batches to time (default {GROUPED_TOKENS})")
     args = ap.parse_args(argv)
@@ -237,6 +308,21 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     deadline = time.time() + args.budget_s
     dense, moe = [], []
+    if args.probe:
+        splits, moe1, grouped = [], [], []
+        payload = {"method": f"int4lab.bench.timing, median of {args.replays} replays; random weight bytes",
+                   "l2_bytes": l2, "splits": splits, "moe": moe1, "grouped": grouped}
+        for model in MODELS:
+            sweep_moe(model, dev, moe1, replays=args.replays)
+            write_receipt(args.out, payload, command=COMMAND + " --probe")
+        for T in args.tokens or (16, 32, 64):
+            for model in MODELS:
+                if time.time() < deadline:
+                    sweep_grouped(model, T, dev, grouped, deadline, l2=l2, replays=args.replays, mma_only=True)
+                    write_receipt(args.out, payload, command=COMMAND + " --probe")
+        sweep_splits(dev, splits, deadline + 90, l2=l2, replays=args.replays)
+        write_receipt(args.out, payload, command=COMMAND + " --probe")
+        return 0
     if args.grouped:
         grouped = []
         payload = {"method": f"int4lab.bench.timing, median of {args.replays} replays; routing of "
