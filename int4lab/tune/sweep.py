@@ -198,8 +198,12 @@ GROUPED_SHAPES = [(32, 512, 4), (16, 512, 4), (64, 512, 8), (32, 1024, 4), (16, 
 GROUPED_TOKENS = (4, 16, 64, 2, 8, 32)
 
 
-# Tensor-core tiles (block_n, block_k, num_warps, num_stages): block_k / 32 blocks per batched dot (v10).
-MMA_GROUPED = [(64, 256, 4, 2), (128, 256, 8, 2), (64, 128, 4, 3), (32, 512, 4, 2), (64, 32, 4, 2)]
+# Tensor-core tiles (block_m, block_n, block_k, num_warps, num_stages): block_k / 32 blocks per batched dot.
+# The v10 probe (data/receipts/probe_v10_h200.json) tried bn 32-128 x bk 32-512; bn64 bk128 s3 won from 8 rows
+# per expert. The v11 probe (probe_v11_h200.json) tries the neighbourhood of that tile.
+MMA_GROUPED = [(16, 64, 128, 4, 3), (16, 64, 64, 4, 4), (16, 64, 128, 4, 4), (16, 32, 128, 4, 3),
+               (16, 64, 128, 8, 3), (16, 128, 128, 8, 3), (16, 64, 128, 2, 3), (32, 64, 128, 4, 3),
+               (16, 32, 64, 2, 4)]
 
 
 def grouped_variants(L: int, E: int, K_min: int, mma_only: bool = False):
@@ -219,11 +223,12 @@ def grouped_variants(L: int, E: int, K_min: int, mma_only: bool = False):
                                 GroupedPlan(bm, bn, bk, nw, 2, tile_major=major)))
     else:
         out.append(("dp4a_bm4_bn32_bk512_w4_tm", GroupedPlan(4, 32, 512, 4, 2, tile_major=True)))
+        out.append(("dp4a_bm1_bn32_bk512_w4_tm", GroupedPlan(1, 32, 512, 4, 2, tile_major=True)))
     if mean >= 2:
-        for bn, bk, nw, ns in MMA_GROUPED:
-            out.append((f"mma_bm16_bn{bn}_bk{bk}_w{nw}_s{ns}_tm",
-                        GroupedPlan(16, bn, bk, nw, ns, kind="mma", tile_major=True)))
-        out.append(("mma_bm16_bn64_bk256_w4_s2", GroupedPlan(16, 64, 256, 4, 2, kind="mma")))
+        for bm, bn, bk, nw, ns in MMA_GROUPED:
+            out.append((f"mma_bm{bm}_bn{bn}_bk{bk}_w{nw}_s{ns}_tm",
+                        GroupedPlan(bm, bn, bk, nw, ns, kind="mma", tile_major=True)))
+        out.append(("mma_bm16_bn64_bk128_w4_s3", GroupedPlan(16, 64, 128, 4, 3, kind="mma")))
     return out
 
 
@@ -295,8 +300,10 @@ def main(argv=None) -> int:
     ap.add_argument("--grouped", action="store_true",
                     help="time the MoE step's routed path and grouped variants per (model, tokens) instead")
     ap.add_argument("--probe", action="store_true",
-                    help="v10 probe: big-shape splits, one-token MoE with and without PDL, grouped tensor-core "
-                         "tiles (with --tokens) in one receipt")
+                    help="probe: grouped tensor-core tiles per --tokens (and with the flags below, big-shape "
+                         "splits and the one-token MoE with and without PDL) in one receipt")
+    ap.add_argument("--with-moe", action="store_true", help="--probe: also the one-token MoE with / without PDL")
+    ap.add_argument("--with-splits", action="store_true", help="--probe: also the big-shape split sweep")
     ap.add_argument("--tokens", type=int, nargs="+", default=None,
                     help=f"--grouped: decode batches to time (default {GROUPED_TOKENS})")
     args = ap.parse_args(argv)
@@ -312,7 +319,7 @@ def main(argv=None) -> int:
         splits, moe1, grouped = [], [], []
         payload = {"method": f"int4lab.bench.timing, median of {args.replays} replays; random weight bytes",
                    "l2_bytes": l2, "splits": splits, "moe": moe1, "grouped": grouped}
-        for model in MODELS:
+        for model in MODELS if args.with_moe else ():
             sweep_moe(model, dev, moe1, replays=args.replays)
             write_receipt(args.out, payload, command=COMMAND + " --probe")
         for T in args.tokens or (16, 32, 64):
@@ -320,8 +327,9 @@ def main(argv=None) -> int:
                 if time.time() < deadline:
                     sweep_grouped(model, T, dev, grouped, deadline, l2=l2, replays=args.replays, mma_only=True)
                     write_receipt(args.out, payload, command=COMMAND + " --probe")
-        sweep_splits(dev, splits, deadline + 90, l2=l2, replays=args.replays)
-        write_receipt(args.out, payload, command=COMMAND + " --probe")
+        if args.with_splits:
+            sweep_splits(dev, splits, deadline + 90, l2=l2, replays=args.replays)
+            write_receipt(args.out, payload, command=COMMAND + " --probe")
         return 0
     if args.grouped:
         grouped = []
