@@ -18,13 +18,16 @@ Invalid ids: eagerly they raise ValueError. Under capture they cannot be checked
 an extra bucket E, whose tiles carry group E, and the kernels write NaN for those rows (no expert memory
 is read with a bad index).
 
-Kernels (plan.kind): "dp4a" (grouped_dp4a.py, the table's choice) and "mma" (grouped_mma.py, tensor cores,
-BM >= 16). Both read activations as int8 codes in row order (row r uses x row r // rows_per_x, so the
+Kernels (plan.kind): "dp4a" (grouped_dp4a.py, the table's choice below 8 rows per expert) and "mma"
+(grouped_mma.py, tensor cores, BM >= 16, from 8 rows). Grid order (plan.tile_major): N tiles first, or tiles
+first so that every tile of one N range runs at once and an expert's bytes come from DRAM about once
+whatever its number of tiles (the table's choice on the H200). Both kernels read activations as int8 codes in row order (row r uses x row r // rows_per_x, so the
 gate_up projection reads each token's codes without a gather copy) and finish split-K and the MoE combine
 in the same launch (epilogue.finish_rows).
 
-Bytes per call: the weights of every expert with a row, 0.5625 bytes per weight, once per tile (an expert
-with more than BM rows is read once per tile), + L * (K + K/8) codes and scales + the output.
+Bytes per call: the weights of every expert with a row, 0.5625 bytes per weight, read once per tile from
+L2 (an expert with more than BM rows has several tiles; tile-major, DRAM serves it about once), + L * (K +
+K/8) codes and scales + the output.
 """
 from __future__ import annotations
 

@@ -78,21 +78,25 @@ MMA_PLAN = GemvPlan(block_n=128, block_k=512, num_warps=8, num_stages=3, waves=4
 # Grouped GEMV: rows (smallest mean rows per routed expert, plan), the last row that applies wins. The mean
 # L / min(E, L) is known before the routing (tokens, top-k, E), so the choice is capture-legal.
 GROUPED_TABLE = {
-    # H200 sweep v9 (data/receipts/grouped_sweep_h200.json, rows unrolled over a shared weight tile): keyed by
-    # mean rows per routed expert. Around 2 rows one row per tile won (OLMoE 16, Qwen3 32 tokens: the sorted
-    # rows of one expert run as neighbouring programs and share its bytes in L2); from 3, four rows per tile
-    # (Mixtral 16, OLMoE 32, Qwen3 64 tokens); from 8 the tensor-core tile (OLMoE 64, Mixtral 64; at Mixtral
-    # 32 dp4a bm4 was 6% faster than it).
-    "sm90": ((0.0, GroupedPlan(block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=2)),
-             (3.0, GroupedPlan(block_m=4, block_n=32, block_k=512, num_warps=4, num_stages=2)),
-             (8.0, GroupedPlan(block_m=16, block_n=64, block_k=32, num_warps=4, num_stages=2, kind="mma"))),
-    "interp": ((0.0, GroupedPlan(block_m=4, block_n=32, block_k=256, num_warps=1, num_stages=1, waves=1.0)),),
+    # H200 probes v10-v11 (data/receipts/probe_v1{0,1}_h200.json; notes/perf.md), keyed by mean rows per
+    # routed expert. Below 8 rows, one row per tile on a tile-major grid won on all three models (every
+    # tile of one N range runs at once, so an expert's bytes come from DRAM once and its other rows hit L2);
+    # from 8 the batched tensor-core tile (4 blocks per dot); from 16 its 32-row form (an expert of 17-32
+    # rows read by one tile, not two: Mixtral 64 tokens 805 us against 915).
+    "sm90": ((0.0, GroupedPlan(block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=2, tile_major=True)),
+             (8.0, GroupedPlan(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
+                               tile_major=True)),
+             (16.0, GroupedPlan(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
+                                tile_major=True))),
+    "interp": ((0.0, GroupedPlan(block_m=4, block_n=32, block_k=256, num_warps=1, num_stages=1, waves=1.0,
+                                 tile_major=True)),),
 }
 GROUPED_TABLE["sm80"] = GROUPED_TABLE["sm90"]
 # MoE step: from how many mean rows per routed expert (L / min(E, L)) moe_decode_step takes the grouped path
 # instead of the routed GEMVs (0 = always). H200 sweep v9: at 1 mean row the routed path (2 launches against
 # 5) is faster on OLMoE and Qwen3 (8 tokens: 62.5 / 55.8 us against 64.4 / 63.3); from 2 the grouped path
-# wins on all three models. The interpreter row exercises both.
+# wins on all three models (v11: also with the tile-major table). One token is always 1 mean row (routed).
+# The interpreter row exercises both.
 MOE_GROUPED_FROM_MEAN_ROWS = {"sm90": 2.0, "sm80": 2.0, "interp": 2.0}
 # Routed MoE step: whether the down GEMV is a programmatic dependent launch of the gate_up GEMV (its programs
 # start during gate_up's tail, ask L2 for their first weight tiles, then wait; gemv_dp4a_kernel's PDL).
