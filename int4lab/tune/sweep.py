@@ -159,6 +159,67 @@ def sweep_splits(dev, rows, deadline, l2=60 * 2**20, replays=REPLAYS):
         torch.cuda.empty_cache()
 
 
+# Where the one-launch GEMV's time goes (v12): the same weights with x quantised inside (float x, the default),
+# with int8 codes prepared by a separate launch (no quantisation inside), and that launch alone.
+CODES_SHAPES = [(4096, 14336), (28672, 8192), (14336, 4096), (4096, 4096), (2048, 2048), (2048, 768)]
+
+
+def sweep_codes(dev, rows, l2=60 * 2**20, replays=REPLAYS):
+    """Per CODES_SHAPES shape: int4_linear (x quantised in the GEMV), gemv_int4_b32 on codes, quant_x_rows, and
+    quant + GEMV as two launches; per MoE model the one-token step's two GEMVs with and without their prologue."""
+    from ..kernels.gemv import X_CODES, X_FLOAT, X_SWIGLU, _launch_gemv, gemv_int4_b32
+    from ..kernels.quant import quant_x_rows, swiglu_quant_rows
+    for N, K in CODES_SHAPES:
+        nbytes = int4_bytes(N, K)
+        copies = copies_for(nbytes, l2)
+        packed, scales = dense_weights(N, K, copies, dev)
+        x = torch.randn(1, K, device=dev).bfloat16()
+        xq, xs = quant_x_rows(x)
+        e0 = torch.zeros(1, dtype=torch.int32, device=dev)
+        row = {"N": N, "K": K, "bytes_int4_b32": nbytes, "copies": copies, "us": {}}
+        row["us"]["float_x_one_launch"] = time_copies(lambda i: int4_linear(x, packed[i], scales[i]), copies, replays)
+        row["us"]["codes_gemv_only"] = time_copies(
+            lambda i: gemv_int4_b32(xq, xs, packed[i:i + 1], scales[i:i + 1], e0, N, K), copies, replays)
+        row["us"]["quant_only"] = time_copies(lambda i: quant_x_rows(x), copies, replays)
+        row["us"]["quant_then_codes_gemv"] = time_copies(
+            lambda i: gemv_int4_b32(*quant_x_rows(x), packed[i:i + 1], scales[i:i + 1], e0, N, K), copies, replays)
+        rows.append(row)
+        print(f"codes {N:6d}x{K:<6d} " + "  ".join(f"{k} {v:6.2f}" for k, v in row["us"].items()), flush=True)
+        del packed, scales
+        torch.cuda.empty_cache()
+    for model in MODELS:
+        m = MODELS[model]
+        E, A, H, I = m.n_experts, m.top_k, m.hidden, m.intermediate
+        gu = dense_weights(2 * I, H, E, dev)
+        dn = dense_weights(H, I, E, dev)
+        sets = E // A
+        ids = torch.arange(E, device=dev, dtype=torch.int32)[torch.randperm(E, device=dev)].view(sets, A)
+        tw = torch.softmax(torch.randn(1, A, device=dev), -1)
+        x = torch.randn(1, H, device=dev).bfloat16()
+        xq, xs = quant_x_rows(x)
+        h = torch.randn(A, 2 * I, device=dev).bfloat16()
+        hq, hs = swiglu_quant_rows(h)
+        row = {"model": model, "us": {}}
+        row["us"]["gate_up_float_x"] = time_copies(lambda i: _launch_gemv(
+            x, None, *gu, ids[i], 2 * I, H, A, x_mode=X_FLOAT, rows_per_x=A), sets, replays)
+        row["us"]["gate_up_codes"] = time_copies(lambda i: _launch_gemv(
+            xq, xs, *gu, ids[i], 2 * I, H, A, x_mode=X_CODES, rows_per_x=A), sets, replays)
+        row["us"]["down_swiglu_h"] = time_copies(lambda i: _launch_gemv(
+            h, None, *dn, ids[i], H, I, A, x_mode=X_SWIGLU, topk_w=tw), sets, replays)
+        row["us"]["down_codes"] = time_copies(lambda i: _launch_gemv(
+            hq, hs, *dn, ids[i], H, I, A, x_mode=X_CODES, topk_w=tw), sets, replays)
+        row["us"]["step_pdl"] = time_copies(lambda i: moe_decode_routed(x, ids[i:i + 1], tw, *gu, *dn), sets, replays)
+        for label, p in (("bn16_bk1024_w4", GemvPlan(16, 1024, 4, 2, 0.25)), ("bn64_bk1024_w8", GemvPlan(64, 1024, 8, 2, 0.25)),
+                         ("bn32_bk512_w4", GemvPlan(32, 512, 4, 2, 0.25)), ("bn32_bk2048_w8", GemvPlan(32, 2048, 8, 2, 0.25)),
+                         ("bn32_bk1024_w4_waves1", GemvPlan(32, 1024, 4, 2, 1.0))):
+            row["us"][f"step_pdl_{label}"] = time_copies(
+                lambda i: moe_decode_routed(x, ids[i:i + 1], tw, *gu, *dn, plan=p), sets, replays)
+        rows.append(row)
+        print(f"codes moe {model:8s} " + "  ".join(f"{k} {v:6.2f}" for k, v in row["us"].items()), flush=True)
+        del gu, dn
+        torch.cuda.empty_cache()
+
+
 def sweep_moe(model, dev, rows, plans=(("table", None),), replays=REPLAYS):
     m = MODELS[model]
     E, A, H, I = m.n_experts, m.top_k, m.hidden, m.intermediate
@@ -304,7 +365,9 @@ def main(argv=None) -> int:
                          "splits and the one-token MoE with and without PDL) in one receipt")
     ap.add_argument("--with-moe", action="store_true", help="--probe: also the one-token MoE with / without PDL")
     ap.add_argument("--with-splits", action="store_true", help="--probe: also the big-shape split sweep")
-    ap.add_argument("--tokens", type=int, nargs="+", default=None,
+    ap.add_argument("--with-codes", action="store_true",
+                    help="--probe: also where the one-launch GEMV's time goes (x quantised inside vs codes)")
+    ap.add_argument("--tokens", type=int, nargs="*", default=None,
                     help=f"--grouped: decode batches to time (default {GROUPED_TOKENS})")
     args = ap.parse_args(argv)
     if args.pick:
@@ -322,11 +385,15 @@ def main(argv=None) -> int:
         for model in MODELS if args.with_moe else ():
             sweep_moe(model, dev, moe1, replays=args.replays)
             write_receipt(args.out, payload, command=COMMAND + " --probe")
-        for T in args.tokens or (16, 32, 64):
+        for T in args.tokens if args.tokens is not None else (16, 32, 64):
             for model in MODELS:
                 if time.time() < deadline:
                     sweep_grouped(model, T, dev, grouped, deadline, l2=l2, replays=args.replays, mma_only=True)
                     write_receipt(args.out, payload, command=COMMAND + " --probe")
+        if args.with_codes:
+            payload["codes"] = codes = []
+            sweep_codes(dev, codes, l2=l2, replays=args.replays)
+            write_receipt(args.out, payload, command=COMMAND + " --probe --with-codes")
         if args.with_splits:
             sweep_splits(dev, splits, deadline + 90, l2=l2, replays=args.replays)
             write_receipt(args.out, payload, command=COMMAND + " --probe")
