@@ -35,15 +35,15 @@ VARIANTS = [("dp4a sm90 big row bn16 bk2048 w4, fused quant", "dp4a", 16, 2048, 
             ("mma v2 bn64 w4 s4 bk256 defer, codes in, split 4", "mma", 64, 256, 4, 4, True, 0, 4)]
 
 
-# Grouped kernels: (label, kind, block_m, block_n, block_k, num_warps, split_k, topk)
-GROUPED_VARIANTS = [("grouped dp4a bm1 bn32 bk1024 w4 (the routed row's tile)", "dp4a", 1, 32, 1024, 4, 1, 1),
-                    ("grouped dp4a bm2 bn16 bk1024 w4", "dp4a", 2, 16, 1024, 4, 1, 1),
-                    ("grouped dp4a bm4 bn16 bk1024 w4", "dp4a", 4, 16, 1024, 4, 1, 1),
-                    ("grouped dp4a bm8 bn16 bk512 w4, combine", "dp4a", 8, 16, 512, 4, 1, 8),
-                    ("grouped dp4a bm8 bn32 bk1024 w4", "dp4a", 8, 32, 1024, 4, 1, 1),
-                    ("grouped dp4a bm4 bn32 bk512 w4, split 2", "dp4a", 4, 32, 512, 4, 2, 1),
-                    ("grouped mma bm16 bn64 w4", "mma", 16, 64, 32, 4, 1, 1),
-                    ("grouped mma bm16 bn128 w8, combine", "mma", 16, 128, 32, 8, 1, 8)]
+# Grouped kernels: (label, kind, block_m, block_n, block_k, num_warps, split_k, topk, tile_major)
+GROUPED_VARIANTS = [("grouped dp4a bm1 bn32 bk512 w4 tile-major (sm90 table, < 8 rows)", "dp4a", 1, 32, 512, 4, 1, 1, True),
+                    ("grouped dp4a bm1 bn32 bk1024 w4 (the routed row's tile)", "dp4a", 1, 32, 1024, 4, 1, 1, False),
+                    ("grouped dp4a bm4 bn32 bk512 w4, split 2", "dp4a", 4, 32, 512, 4, 2, 1, False),
+                    ("grouped dp4a bm8 bn16 bk512 w4, combine", "dp4a", 8, 16, 512, 4, 1, 8, False),
+                    ("grouped mma bm16 bn64 bk128 w4 tile-major (sm90 table, >= 8 rows)", "mma", 16, 64, 128, 4, 1, 1, True),
+                    ("grouped mma bm32 bn64 bk128 w4 tile-major (sm90 table, >= 16 rows)", "mma", 32, 64, 128, 4, 1, 1, True),
+                    ("grouped mma bm16 bn64 bk32 w4 (one block per step)", "mma", 16, 64, 32, 4, 1, 1, False),
+                    ("grouped mma bm16 bn64 bk128 w4, combine", "mma", 16, 64, 128, 4, 1, 8, True)]
 
 
 def _tool(name):
@@ -83,7 +83,7 @@ def compile_variant(kind, bn, bk, nw, ns, flag, x_mode, split_k, arch=90):
                           target=GPUTarget("cuda", arch, 32), options={"num_warps": nw, "num_stages": ns})
 
 
-def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, arch=90):
+def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, tile_major, arch=90):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -96,18 +96,19 @@ def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, arch=90):
            "out_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32", "tw_ptr": "*fp32", "L": "i32", "N": "i32",
            "E": "i32", "stride_x": "i32", "stride_xs": "i32", "stride_we": "i32", "KW" if dp4a else "KH": "i32",
            "stride_se": "i32", "KB": "i32"}
-    cst = {"ROWS_PER_X": 1, "SPLIT_K": split_k, "TOPK": topk, "BLOCK_M": bm, "BLOCK_N": bn, "HAS_W": topk > 1}
+    cst = {"ROWS_PER_X": 1, "TILES_PER_SPLIT": 2, "SPLIT_K": split_k, "TOPK": topk, "BLOCK_M": bm, "BLOCK_N": bn,
+           "BLOCK_K": bk, "HAS_W": topk > 1}
     if dp4a:
-        cst.update(TILES_PER_SPLIT=2, BLOCK_K=bk, USE_ASM=True)
-    else:
-        cst.update(BLOCKS_PER_SPLIT=64)
+        cst["USE_ASM"] = True
+    cst["TILE_MAJOR"] = tile_major
     sig.update({k: "constexpr" for k in cst})
     names = list(sig)
     aligned = [k for k, t in sig.items() if t.startswith("*")] + ["stride_x", "stride_we", names[18], "stride_se", "KB"]
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in aligned}
     return triton.compile(ASTSource(fn=grouped_dp4a_kernel if dp4a else grouped_mma_kernel, signature=sig,
                                     constexprs=cst, attrs=attrs),
-                          target=GPUTarget("cuda", arch, 32), options={"num_warps": nw, "num_stages": 2})
+                          target=GPUTarget("cuda", arch, 32), options={"num_warps": nw,
+                                                                       "num_stages": 2 if dp4a else 3})
 
 
 def report(kernel, arch=90) -> dict:
