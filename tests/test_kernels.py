@@ -404,6 +404,28 @@ def test_grouped_and_routed_moe_same_bits(device, split_k, block_m):
     assert counters_all_zero()
 
 
+@pytest.mark.parametrize("split_k,x_mode", [(1, X_FLOAT), (3, X_SWIGLU)])
+def test_routed_gemv_row_major_grid_same_bits(device, split_k, x_mode):
+    """The row-major grid (every row of one N range at once; moe_decode_routed's choice for several tokens)
+    only changes which program runs when: the same bits, the split-K finish and the combine included, with
+    ragged N and rows of one expert far apart."""
+    E, N, K, A = 3, 40, 192, 2
+    packed, scales = pack(E, N, K, device)
+    ids = torch.tensor([2, 0, 0, 2, 1, 2], dtype=torch.int32, device=device)
+    R = ids.numel()
+    width = 2 * K if x_mode == X_SWIGLU else K
+    x = torch.randn(R, width).bfloat16().to(device)
+    tw = torch.softmax(torch.randn(R // A, A), -1).to(device) if x_mode == X_SWIGLU else None
+    nw = 1 if device == "cpu" else 4
+    plan = GemvPlan(block_n=16, block_k=128, num_warps=nw, num_stages=1, waves=1.0)
+    outs = [_launch_gemv(x, None, packed, scales, ids, N, K, R, x_mode=x_mode, topk_w=tw, split_k=split_k,
+                         plan=plan, row_major=rm) for rm in (False, True)]
+    assert outs[0].shape == ((R // A, N) if tw is not None else (R, N))
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+    assert not outs[1].isnan().any()
+    assert counters_all_zero()
+
+
 def test_moe_decode_step_dispatch(device, monkeypatch):
     """moe_decode_step takes the path plan.moe_grouped names for (tokens, top-k, E), never from the routing."""
     from int4lab.kernels import moe as moe_mod

@@ -48,7 +48,7 @@ def _workspace(dev: torch.device, n_part: int, n_cnt: int):
 
 
 def _launch_gemv(x, xs, packed, scales, eids, N, K, R, *, out=None, part=None, split_k=None, plan=None,
-                 x_mode=X_CODES, rows_per_x=1, topk_w=None, pdl=0):
+                 x_mode=X_CODES, rows_per_x=1, topk_w=None, pdl=0, row_major=False):
     """One launch, inputs already validated by the public callers. Returns bf16 out [R // A, N].
 
     x: int8 codes [*, K] with float32 xs [*, K/32] (X_CODES), float [*, K] (X_FLOAT) or float [*, 2K]
@@ -56,7 +56,8 @@ def _launch_gemv(x, xs, packed, scales, eids, N, K, R, *, out=None, part=None, s
     router-weighted sum of rows t*A .. t*A + A - 1 (the MoE combine, finished in the same launch).
     `part` [SK, R, N] float32 may be given (its first dim then sets split-K); else the cached workspace.
     pdl (dp4a only): 1 = the next launch may overlap this one's tail, 2 = this launch is that next launch
-    (gemv_dp4a_kernel's PDL); 0 = neither. Ignored in the interpreter.
+    (gemv_dp4a_kernel's PDL); 0 = neither. Ignored in the interpreter. row_major (dp4a only): the grid runs
+    every row of one N range together (gemv_dp4a_kernel's ROW_MAJOR); same bits either way.
     """
     dev = x.device
     if part is not None:
@@ -78,7 +79,8 @@ def _launch_gemv(x, xs, packed, scales, eids, N, K, R, *, out=None, part=None, s
             check_contiguous(part=part)
     else:
         part = cnt = out
-    grid = (n_tiles, sk, R)
+    row_major = row_major and p.kind == "dp4a"
+    grid = (R, sk, n_tiles) if row_major else (n_tiles, sk, R)
     common = dict(X_MODE=x_mode, ROWS_PER_X=rows_per_x, TILES_PER_SPLIT=triton.cdiv(triton.cdiv(K, p.block_k), sk),
                   SPLIT_K=sk, TOPK=A, BLOCK_N=p.block_n, BLOCK_K=p.block_k, HAS_EIDS=eids is not None,
                   HAS_W=topk_w is not None, USE_ASM=not interpreting(), num_warps=p.num_warps,
@@ -91,7 +93,7 @@ def _launch_gemv(x, xs, packed, scales, eids, N, K, R, *, out=None, part=None, s
             x.view(torch.int32) if words else x, xs if xs is not None else x, packed.view(torch.int32), scales,
             ids, out, part, cnt, tw, R, N, K, packed.shape[0], x.stride(0) // 4 if words else x.stride(0),
             xs.stride(0) if xs is not None else 0, N * K // 8, K // 8, N * K // 32, K // 32,
-            PREFETCH=p.prefetch, PDL=0 if interpreting() else pdl,
+            PREFETCH=p.prefetch, PDL=0 if interpreting() else pdl, ROW_MAJOR=row_major,
             PF_TILES=min(common["TILES_PER_SPLIT"], PDL_TILES) if pdl == 2 else 0, **common,
             **({"launch_pdl": True} if pdl == 2 and not interpreting() else {}))
     else:

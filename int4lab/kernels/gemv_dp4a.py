@@ -150,9 +150,11 @@ def gemv_dp4a_kernel(
     X_MODE: tl.constexpr, ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
     TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_EIDS: tl.constexpr,
     HAS_W: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr = 0,
-    PF_TILES: tl.constexpr = 0,
+    PF_TILES: tl.constexpr = 0, ROW_MAJOR: tl.constexpr = False,
 ):
-    """One program owns out[r, n0 : n0 + BLOCK_N] for K-split `split` (grid: N tiles, SPLIT_K, R).
+    """One program owns out[r, n0 : n0 + BLOCK_N] for K-split `split` (grid: (N tiles, SPLIT_K, R), or
+    (R, SPLIT_K, N tiles) when ROW_MAJOR: every row's program for one N range then runs at once, so rows
+    routed to the same expert read its bytes from DRAM about once and from L2 after that).
 
     x: int8 codes [*, K] read as int32 words with float32 scales xs [*, K/32] (X_CODES), float [*, K]
     (X_FLOAT) or float [*, 2K] gate | up (X_SWIGLU); row r reads x row r // ROWS_PER_X. w int32 words
@@ -170,9 +172,13 @@ def gemv_dp4a_kernel(
     to finish before it reads anything else (x, the split-K workspace) or writes. PF_TILES: the
     launcher's min(TILES_PER_SPLIT, PDL_TILES).
     """
-    pid_n = tl.program_id(0)
+    if ROW_MAJOR:
+        r = tl.program_id(0)
+        pid_n = tl.program_id(2)
+    else:
+        pid_n = tl.program_id(0)
+        r = tl.program_id(2)
     split = tl.program_id(1)
-    r = tl.program_id(2)
     BLOCK_W: tl.constexpr = BLOCK_K // 8          # weight words per row per tile
     NB: tl.constexpr = BLOCK_K // 32              # scale blocks per tile
     if PDL == 1:
@@ -230,4 +236,4 @@ def gemv_dp4a_kernel(
     else:
         y = tl.sum(acc, axis=1)
     finish_rows(y[None, :], valid, rows, rows >= 0, out_ptr, part_ptr, cnt_ptr, tw_ptr,
-                split, R, N, pid_n, tl.num_programs(0), offs_n, n_mask, SPLIT_K, TOPK, HAS_W)
+                split, R, N, pid_n, tl.cdiv(N, BLOCK_N), offs_n, n_mask, SPLIT_K, TOPK, HAS_W)

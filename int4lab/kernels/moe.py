@@ -11,8 +11,8 @@ through plan.moe_grouped, so the choice never depends on the routing and the cal
     x [T, H] --gate_up GEMV, x quantised in its prologue (all L rows)--> h [L, 2I] bf16
       --down GEMV, SwiGLU + quantisation of h in its prologue, rows rounded to bf16 and combined with the
         router weights (float32, fixed order) by the last-arriving program--> out [T, H] bf16
-    Every routed row reads its expert's bytes; rows of one expert running at the same time share them
-    through L2, which is why this path stays ahead up to ~4 rows per expert on the H200 (notes/perf.md v8).
+    Every routed row reads its expert's bytes; with several tokens the grid runs every row of one N range at
+    once (row-major), so rows of one expert share its bytes through L2.
 
   grouped (moe_decode_grouped, 5 launches; many rows per routed expert):
     build_group_tiles (rows sorted by expert, tiles of block_m rows) ; quant_x_rows(x) ;
@@ -138,12 +138,15 @@ def moe_decode_routed(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_
     L = T * A
     eids = topk_ids.reshape(-1)
     pdl = _plan.moe_pdl(x.device) if pdl is None else bool(pdl)
+    # Several tokens: their rows share experts, so every row of one N range runs at once (row-major grid) and
+    # an expert's bytes come from DRAM about once. One token: each row has its own expert; N tiles first.
+    rm = T > 1
     # gate_up: row r = t*A + j reads token t (r // A), quantised in the GEMV's prologue.
     h = _launch_gemv(x, None, gate_up_packed, gate_up_scales, eids, 2 * I, H, L, x_mode=X_FLOAT, rows_per_x=A,
-                     split_k=split_k, plan=plan, pdl=1 if pdl else 0)
+                     split_k=split_k, plan=plan, pdl=1 if pdl else 0, row_major=rm)
     # down: SwiGLU + quantisation of h in the prologue; the combine in the last-arriving program's epilogue.
     return _launch_gemv(h, None, down_packed, down_scales, eids, H, I, L, x_mode=X_SWIGLU, topk_w=topk_w,
-                        split_k=split_k, plan=plan, pdl=2 if pdl else 0)
+                        split_k=split_k, plan=plan, pdl=2 if pdl else 0, row_major=rm)
 
 
 def moe_decode_grouped(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales,
