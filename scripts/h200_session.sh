@@ -5,6 +5,7 @@
 #   INT4LAB_GIT_COMMIT=<sha> bash scripts/h200_session.sh [--with-sweep] [--with-pack]
 # Give the sha literally (computed on this side: the GPU copy may carry a stale .git whose HEAD is wrong).
 #   STAGES=checks bash scripts/h200_session.sh   then   STAGES=bench bash ...   (two calls of < 10 minutes)
+#   TESTS_K="moe or gemv": the checks stage runs only those tests of tests/test_kernels.py (short device time)
 #   STAGES=grouped,quick: the grouped MoE sweep (int4lab.tune.sweep --grouped) and a quick bench, a probe call
 #   (GROUPED_TOKENS="4 16 64" limits the sweep's batches; GROUPED_BUDGET_S its seconds)
 # Writes under $OUT: cuda_tests_h200.txt, replay_check.json, sanitizer_h200.txt, decode_h200.json (with the
@@ -22,8 +23,13 @@ t0=$(date +%s)
 STAGES=${STAGES:-checks,bench}
 if [[ $STAGES == *checks* ]]; then
 echo "== 1. test suite on CUDA (the GPU-relevant files; lm-eval is not on the image)"
-timeout 230 python3 -m pytest -q -m "not notebook" -p no:cacheprovider tests/test_kernels.py \
-  tests/test_w4a16_cutlass.py tests/test_format.py tests/test_bench.py 2>&1 | tee "$OUT/cuda_tests_h200.txt" | tail -6
+if [ -n "${TESTS_K:-}" ]; then   # a subset of tests/test_kernels.py (pytest -k), when device time is short
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py -k "$TESTS_K" 2>&1 \
+    | tee "$OUT/cuda_tests_h200.txt" | tail -6
+else
+  timeout 230 python3 -m pytest -q -m "not notebook" -p no:cacheprovider tests/test_kernels.py \
+    tests/test_w4a16_cutlass.py tests/test_format.py tests/test_bench.py 2>&1 | tee "$OUT/cuda_tests_h200.txt" | tail -6
+fi
 echo "== 2. 100 graph replays bit-identical, counters zero ($(( $(date +%s) - t0 )) s in)"
 timeout 90 python3 -m int4lab.tune.replay_check --out "$OUT/replay_check.json" | tail -3
 echo "== 3. compute-sanitizer memcheck + racecheck on the final kernels, small shapes ($(( $(date +%s) - t0 )) s in)"
