@@ -209,9 +209,10 @@ def sweep_codes(dev, rows, l2=60 * 2**20, replays=REPLAYS):
         row["us"]["down_codes"] = time_copies(lambda i: _launch_gemv(
             hq, hs, *dn, ids[i], H, I, A, x_mode=X_CODES, topk_w=tw), sets, replays)
         row["us"]["step_pdl"] = time_copies(lambda i: moe_decode_routed(x, ids[i:i + 1], tw, *gu, *dn), sets, replays)
-        for label, p in (("bn16_bk1024_w4", GemvPlan(16, 1024, 4, 2, 0.25)), ("bn64_bk1024_w8", GemvPlan(64, 1024, 8, 2, 0.25)),
-                         ("bn32_bk512_w4", GemvPlan(32, 512, 4, 2, 0.25)), ("bn32_bk2048_w8", GemvPlan(32, 2048, 8, 2, 0.25)),
-                         ("bn32_bk1024_w4_waves1", GemvPlan(32, 1024, 4, 2, 1.0))):
+        for bn, bk, nw, waves in ((16, 1024, 4, 0.25), (64, 1024, 8, 0.25), (32, 512, 4, 0.25), (32, 2048, 8, 0.25),
+                                  (32, 1024, 4, 1.0)):
+            p = GemvPlan(bn, bk, nw, 2, waves)
+            label = f"bn{bn}_bk{bk}_w{nw}" + ("_waves1" if waves == 1.0 else "")
             row["us"][f"step_pdl_{label}"] = time_copies(
                 lambda i: moe_decode_routed(x, ids[i:i + 1], tw, *gu, *dn, plan=p), sets, replays)
         rows.append(row)
@@ -312,6 +313,7 @@ def sweep_grouped(model, tokens, dev, rows, deadline, l2=60 * 2**20, replays=REP
     row = {"model": model, "tokens": tokens, "E": E, "topk": A, "n_active": act, "bytes_int4_b32": nbytes,
            "copies": copies, "mean_rows_per_expert": L / min(E, L), "us": {}}
     row["us"]["routed"] = time_copies(lambda i: moe_decode_routed(x, ids, tw, *w[i]), copies, replays)
+    ref = moe_decode_routed(x, ids, tw, *w[0]).float()
     for label, p in grouped_variants(L, E, min(H, I), mma_only):
         if time.time() > deadline:
             row["truncated"] = True
@@ -319,7 +321,6 @@ def sweep_grouped(model, tokens, dev, rows, deadline, l2=60 * 2**20, replays=REP
         try:
             row["us"][label] = time_copies(lambda i: moe_decode_grouped(x, ids, tw, *w[i], plan=p), copies, replays)
             # every variant must agree with the routed path (same codes; float32 order may differ)
-            ref = moe_decode_routed(x, ids, tw, *w[0]).float()
             got = moe_decode_grouped(x, ids, tw, *w[0], plan=p).float()
             row.setdefault("rel_err_vs_routed", {})[label] = float((got - ref).norm() / ref.norm())
         except Exception as e:                         # a variant that fails to compile is a result too
@@ -379,24 +380,26 @@ def main(argv=None) -> int:
     deadline = time.time() + args.budget_s
     dense, moe = [], []
     if args.probe:
+        command = COMMAND + " --probe" + "".join(f" --with-{k}" for k in ("moe", "codes", "splits")
+                                                 if getattr(args, f"with_{k}"))
         splits, moe1, grouped = [], [], []
         payload = {"method": f"int4lab.bench.timing, median of {args.replays} replays; random weight bytes",
                    "l2_bytes": l2, "splits": splits, "moe": moe1, "grouped": grouped}
         for model in MODELS if args.with_moe else ():
             sweep_moe(model, dev, moe1, replays=args.replays)
-            write_receipt(args.out, payload, command=COMMAND + " --probe")
+            write_receipt(args.out, payload, command=command)
         for T in args.tokens if args.tokens is not None else (16, 32, 64):
             for model in MODELS:
                 if time.time() < deadline:
                     sweep_grouped(model, T, dev, grouped, deadline, l2=l2, replays=args.replays, mma_only=True)
-                    write_receipt(args.out, payload, command=COMMAND + " --probe")
+                    write_receipt(args.out, payload, command=command)
         if args.with_codes:
             payload["codes"] = codes = []
             sweep_codes(dev, codes, l2=l2, replays=args.replays)
-            write_receipt(args.out, payload, command=COMMAND + " --probe --with-codes")
+            write_receipt(args.out, payload, command=command)
         if args.with_splits:
             sweep_splits(dev, splits, deadline + 90, l2=l2, replays=args.replays)
-            write_receipt(args.out, payload, command=COMMAND + " --probe")
+            write_receipt(args.out, payload, command=command)
         return 0
     if args.grouped:
         grouped = []
