@@ -24,6 +24,18 @@ from .epilogue import finish_rows, fold_blocks
 
 
 @triton.jit
+def _codes(wb, SHIFT: tl.constexpr, USE_ASM: tl.constexpr):
+    """uint8 packed bytes -> int8 codes nibble - 8 of the low (SHIFT 0) or high (SHIFT 4) nibbles. On the GPU
+    four bytes per 32-bit instruction: (n + 0x78) ^ 0x80 = n - 8 as a byte, with no carry between bytes."""
+    if USE_ASM:
+        return tl.inline_asm_elementwise(
+            f"{{ .reg .b32 t; shr.u32 t, $1, {SHIFT}; and.b32 t, t, 0x0F0F0F0F; add.u32 t, t, 0x78787878; "
+            "xor.b32 $0, t, 0x80808080; }", "=r,r", [wb], dtype=tl.int8, is_pure=True, pack=4)
+    else:
+        return ((wb >> SHIFT) & 15).to(tl.int8, bitcast=True) - 8
+
+
+@triton.jit
 def grouped_mma_kernel(
     # Pointers
     x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, row0_ptr, rows_ptr, group_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr,
@@ -32,13 +44,15 @@ def grouped_mma_kernel(
     # Meta-parameters
     ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, TOPK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_W: tl.constexpr,
-    TILE_MAJOR: tl.constexpr,
+    TILE_MAJOR: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     """One program owns out[rows of tile, n0 : n0 + BLOCK_N] for K-split `split` (grid: (N tiles, SPLIT_K,
     T), or (T, SPLIT_K, N tiles) when TILE_MAJOR).
 
-    x int8 [*, K], xs float32 [*, K/32]; w uint8 [E, N, K/2] (even k low nibble), ws float16 [E, N, K/32];
-    KH = K / 2 bytes per weight row, KB = K / 32; BLOCK_K a power of two >= 32.
+    x int8 [*, K] in k order (the interleaved nibbles meet it as loaded; the "eo" order of quant.py costs this
+    kernel a permutation through shared memory, the compiler report says), xs float32 [*, K/32]; w uint8
+    [E, N, K/2] (even k low nibble), ws float16 [E, N, K/32]; KH = K / 2 bytes per weight row, KB = K / 32;
+    BLOCK_K a power of two >= 32.
     """
     if TILE_MAJOR:
         tile = tl.program_id(0)
@@ -73,9 +87,9 @@ def grouped_mma_kernel(
             a = tl.load(a_rows + kb[:, None, None] * 32, mask=live[:, None, None] & m_mask[None, :, None], other=0)
             asc = tl.load(as_rows + kb[:, None], mask=live[:, None] & m_mask[None, :], other=0.0)
             wb = tl.load(w_rows + kb[:, None, None] * 16, mask=live[:, None, None] & n_mask[None, :, None], other=0)
-            lo = (wb & 15).to(tl.int8, bitcast=True)
-            hi = (wb >> 4).to(tl.int8, bitcast=True)
-            w = tl.interleave(lo, hi) - 8                                   # [NB, BN, 32] codes in k order
+            lo = _codes(wb, 0, USE_ASM)                                     # [NB, BN, 16] codes of even k
+            hi = _codes(wb, 4, USE_ASM)                                     # [NB, BN, 16] codes of odd k
+            w = tl.interleave(lo, hi)                                       # [NB, BN, 32] codes in k order
             d = tl.dot(a, tl.permute(w, (0, 2, 1)), out_dtype=tl.int32)     # exact block sums [NB, BM, BN]
             wsc = tl.load(s_rows + kb[:, None], mask=live[:, None] & n_mask[None, :], other=0.0).to(tl.float32)
             acc += d.to(tl.float32) * (wsc[:, None, :] * asc[:, :, None])

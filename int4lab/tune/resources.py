@@ -98,9 +98,8 @@ def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, tile_major, arch=90):
            "stride_se": "i32", "KB": "i32"}
     cst = {"ROWS_PER_X": 1, "TILES_PER_SPLIT": 2, "SPLIT_K": split_k, "TOPK": topk, "BLOCK_M": bm, "BLOCK_N": bn,
            "BLOCK_K": bk, "HAS_W": topk > 1}
-    if dp4a:
-        cst["USE_ASM"] = True
     cst["TILE_MAJOR"] = tile_major
+    cst["USE_ASM"] = True
     sig.update({k: "constexpr" for k in cst})
     names = list(sig)
     aligned = [k for k, t in sig.items() if t.startswith("*")] + ["stride_x", "stride_we", names[18], "stride_se", "KB"]
