@@ -345,7 +345,7 @@ def test_grouped_mma_matches_reference(device, split_k, block_k):
 
 @pytest.mark.parametrize("split_k,tile_major", [(1, True), (2, False), (3, True)])
 def test_grouped_mma_dp4a_and_tile_order_same_bits(device, split_k, tile_major):
-    """The tensor-core tile (16 rows, NB blocks per batched dot) and the dp4a tile (4 rows) scale and fold
+    """The tensor-core tile (4-16 rows, NB blocks per batched dot) and the dp4a tile (4 rows) scale and fold
     the same block sums in the same order: the same bits for the same block_k and split_k, whichever grid
     order runs the tiles and whichever code order x arrives in (reordered for the kernel when it differs).
     A K tail inside the last step, ragged N, an expert with no rows."""
@@ -357,7 +357,8 @@ def test_grouped_mma_dp4a_and_tile_order_same_bits(device, split_k, tile_major):
     outs = []
     xq_eo = codes_to_eo(xq)
     for bm, kind, major, given in ((4, "dp4a", False, "k"), (16, "mma", tile_major, "k"),
-                                   (16, "mma", not tile_major, "eo"), (4, "dp4a", True, "eo")):
+                                   (8, "mma", not tile_major, "eo"), (4, "mma", tile_major, "k"),
+                                   (4, "dp4a", True, "eo")):
         plan = GroupedPlan(bm, 16, 128, nw, 1, split_k=split_k, kind=kind, tile_major=major)
         outs.append(gemm_int4_b32_grouped(xq_eo if given == "eo" else xq, xs, packed, scales,
                                           build_group_tiles(ids, E, bm), plan=plan, x_layout=given))
@@ -566,8 +567,8 @@ def test_bad_inputs(device):
         gemm_int4_b32_grouped(xq, xs, packed, scales, t, rows_per_x=0)
     with pytest.raises(ValueError, match=r"plan.block_m \(8\) must equal tiles.block_m \(4\)"):
         gemm_int4_b32_grouped(xq, xs, packed, scales, t, plan=GroupedPlan(8, 16, 256, 1, 1))
-    with pytest.raises(ValueError, match=r"block_m a power of two \(>= 16 for mma"):
-        gemm_int4_b32_grouped(xq, xs, packed, scales, t, plan=GroupedPlan(4, 16, 256, 1, 1, kind="mma"))
+    with pytest.raises(ValueError, match=r"block_m a power of two \(>= 4 for mma"):
+        gemm_int4_b32_grouped(xq, xs, packed, scales, t, plan=GroupedPlan(2, 16, 256, 1, 1, kind="mma"))
     with pytest.raises(ValueError, match=r"<= 8 for dp4a: rows unrolled per program"):
         gemm_int4_b32_grouped(xq, xs, packed, scales, t, plan=GroupedPlan(16, 16, 256, 1, 1))
     t16 = build_group_tiles(eids, E, 16)

@@ -5,7 +5,8 @@ NB = 32-blocks per loop step (BLOCK_K / 32).
 
 Same contract as grouped_dp4a.py (tiles from grouped.build_group_tiles, rows gathered through `order`,
 epilogue.finish_rows for split-K and the MoE combine); only the block dot differs. Each loop step loads
-NB blocks of the tile's BM rows (an MMA needs BM >= 16) and of the expert's [BLOCK_N, 32 * NB] codes and
+NB blocks of the tile's BM rows (BM >= 4; below 16 the compiler pads the MMA, and the float32 scaling
+below, the costly part, still covers only BM rows) and of the expert's [BLOCK_N, 32 * NB] codes and
 multiplies them as one batched dot, [NB, BM, 32] x [NB, 32, BLOCK_N] -> [NB, BM, BLOCK_N], exact in
 int32 per block. Why batched: the W4A8 format scales every 32-block on both sides, so the block sums
 cannot share one int32 accumulator; a batch of NB blocks per step puts NB times more bytes in flight than

@@ -44,7 +44,7 @@ class GemvPlan:
 @dataclasses.dataclass(frozen=True)
 class GroupedPlan:
     """Meta-parameters of one `gemm_int4_b32_grouped` launch (and of the tiles built for it)."""
-    block_m: int        # rows per tile (build_group_tiles' block_m); mma needs >= 16
+    block_m: int        # rows per tile (build_group_tiles' block_m); mma >= 4, dp4a <= 8
     block_n: int
     block_k: int        # K per loop step, a power of two: dp4a >= 128, mma >= 32 (block_k / 32 blocks batched)
     num_warps: int
@@ -201,9 +201,9 @@ def resolve_grouped(plan: GroupedPlan | None, N: int, K: int, L: int, E: int, de
     if plan.kind not in ("dp4a", "mma"):
         raise ValueError(f"plan.kind must be 'dp4a' or 'mma', got {plan.kind!r}")
     bm, bk = plan.block_m, plan.block_k
-    if (bm < 1 or bm & (bm - 1) or (plan.kind == "mma" and bm < 16) or (plan.kind == "dp4a" and bm > 8)
+    if (bm < 1 or bm & (bm - 1) or (plan.kind == "mma" and bm < 4) or (plan.kind == "dp4a" and bm > 8)
             or plan.block_n < 1):
-        raise ValueError(f"a grouped plan needs block_m a power of two (>= 16 for mma, <= 8 for dp4a: rows "
+        raise ValueError(f"a grouped plan needs block_m a power of two (>= 4 for mma, <= 8 for dp4a: rows "
                          f"unrolled per program) and block_n >= 1, got {plan}")
     min_bk = 128 if plan.kind == "dp4a" else 32
     if bk < min_bk or bk & (bk - 1):
