@@ -264,9 +264,11 @@ GROUPED_TOKENS = (4, 16, 64, 2, 8, 32)
 # The v10 probe (data/receipts/probe_v10_h200.json) tried bn 32-128 x bk 32-512; bn64 bk128 s3 won from 8 rows
 # per expert; v11 (probe_v11_h200.json) its neighbourhood. v14 (probe_v14_h200.json, the nibble split four
 # codes per instruction): bk256 and bm32 bn128 lose everywhere. v15: tiles of 4 and 8 rows (the compiler pads
-# the MMA; the float32 scaling covers only the tile's rows).
-MMA_GROUPED = [(16, 64, 128, 4, 3), (32, 64, 128, 4, 3), (16, 128, 128, 4, 3), (8, 64, 128, 4, 3),
-               (8, 128, 128, 4, 3), (4, 64, 128, 4, 3), (8, 32, 128, 4, 3), (16, 64, 64, 4, 4)]
+# the MMA; the float32 scaling covers only the tile's rows): bm8 bn64 wins at 4 mean rows, bm4 never.
+# v16: warps and stages around the v15 winners.
+MMA_GROUPED = [(8, 64, 128, 4, 3), (16, 64, 128, 4, 3), (32, 64, 128, 4, 3), (8, 32, 128, 2, 3),
+               (8, 64, 128, 2, 3), (8, 64, 128, 4, 4), (16, 64, 128, 4, 4), (16, 32, 128, 2, 3),
+               (32, 64, 128, 4, 4), (32, 64, 128, 8, 3), (16, 128, 128, 8, 3), (8, 64, 256, 4, 3)]
 
 
 def grouped_variants(L: int, E: int, K_min: int, mma_only: bool = False):
