@@ -84,12 +84,15 @@ MMA_PLAN = GemvPlan(block_n=128, block_k=512, num_warps=8, num_stages=3, waves=4
 # Grouped GEMV: rows (smallest mean rows per routed expert, plan), the last row that applies wins. The mean
 # L / min(E, L) is known before the routing (tokens, top-k, E), so the choice is capture-legal.
 GROUPED_TABLE = {
-    # H200 probes v10-v11 (data/receipts/probe_v1{0,1}_h200.json; notes/perf.md), keyed by mean rows per
-    # routed expert. Below 8 rows, one row per tile on a tile-major grid won on all three models (every
+    # H200 probes v10-v16 (data/receipts/probe_v1{0,1,4,5,6}_h200.json; notes/perf.md), keyed by mean rows
+    # per routed expert. Below 4 rows, one row per tile on a tile-major grid won on all three models (every
     # tile of one N range runs at once, so an expert's bytes come from DRAM once and its other rows hit L2);
-    # from 8 the batched tensor-core tile (4 blocks per dot); from 16 its 32-row form (an expert of 17-32
-    # rows read by one tile, not two: Mixtral 64 tokens 805 us against 915).
+    # from 4 the batched tensor-core tile (4 blocks per dot) at 8 rows (v15: OLMoE 32 tokens 142 us against
+    # 168, Qwen3 64 213 against 274), from 8 at 16 rows, from 16 at 32 (an expert of 17-32 rows read by one
+    # tile, not two).
     "sm90": ((0.0, GroupedPlan(block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=2, tile_major=True)),
+             (4.0, GroupedPlan(block_m=8, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
+                               tile_major=True)),
              (8.0, GroupedPlan(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
                                tile_major=True)),
              (16.0, GroupedPlan(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
