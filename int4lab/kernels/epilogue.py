@@ -31,6 +31,17 @@ def to_bf16_rne(x):
 
 
 @triton.jit
+def grid_ids(ROWS_FIRST: tl.constexpr):
+    """(pid_n, row or tile, split) of a (N tiles, SPLIT_K, rows) grid, or of a (rows, SPLIT_K, N tiles) grid
+    when ROWS_FIRST (every row's program for one N range then runs at once: rows of one expert share its
+    bytes through L2)."""
+    if ROWS_FIRST:
+        return tl.program_id(2), tl.program_id(0), tl.program_id(1)
+    else:
+        return tl.program_id(0), tl.program_id(2), tl.program_id(1)
+
+
+@triton.jit
 def routed_expert(eid_ptr, r, E, HAS_EIDS: tl.constexpr):
     """(expert index as int64, valid) for row r. An id outside [0, E) cannot be refused under graph capture:
     it reads expert 0 and the row's output is NaN."""

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .epilogue import finish_rows, fold_blocks, routed_expert
+from .epilogue import finish_rows, fold_blocks, grid_ids, routed_expert
 from .quant import quant_blocks, silu_mul
 
 X_CODES, X_FLOAT, X_SWIGLU = 0, 1, 2    # how the activation reaches the kernel (module doc)
@@ -172,13 +172,7 @@ def gemv_dp4a_kernel(
     to finish before it reads anything else (x, the split-K workspace) or writes. PF_TILES: the
     launcher's min(TILES_PER_SPLIT, PDL_TILES).
     """
-    if ROW_MAJOR:
-        r = tl.program_id(0)
-        pid_n = tl.program_id(2)
-    else:
-        pid_n = tl.program_id(0)
-        r = tl.program_id(2)
-    split = tl.program_id(1)
+    pid_n, r, split = grid_ids(ROW_MAJOR)
     BLOCK_W: tl.constexpr = BLOCK_K // 8          # weight words per row per tile
     NB: tl.constexpr = BLOCK_K // 32              # scale blocks per tile
     if PDL == 1:

@@ -177,7 +177,8 @@ def gemm_int4_b32_grouped(xq, xs, packed, scales, tiles: GroupTiles, *, rows_per
     reads the other);
     packed uint8 [E, N, K/2], scales float16 [E, N, K/32]. Exact int32 dot per 32-block, float32 across
     blocks, one bf16 rounding (as gemv_int4_b32). `plan` (a GroupedPlan) overrides the table (whose row
-    is taken with block_m = tiles.block_m); a plan's block_m must equal tiles.block_m. Legal under CUDA-graph capture (warm up once eagerly first: workspace).
+    is taken with block_m = tiles.block_m); a plan's block_m must equal tiles.block_m. Legal under CUDA-graph
+    capture (warm up once eagerly first: workspace).
     """
     check_tensor("packed", packed, (torch.uint8,), (3,))
     E, N, K = packed.shape[0], packed.shape[1], packed.shape[2] * 2

@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .epilogue import finish_rows, fold_blocks
+from .epilogue import finish_rows, fold_blocks, grid_ids
 from .gemv_dp4a import _dp4a, expert_tile
 
 MAX_BLOCK_M = 8          # rows unrolled per program (one accumulator each)
@@ -111,13 +111,7 @@ def grouped_dp4a_kernel(
     expert strides arrive as arguments so Triton proves 16-byte alignment (gemv_dp4a.py says why). Output,
     partials and counters as epilogue.finish_rows says, indexed by the original row r.
     """
-    if TILE_MAJOR:
-        tile = tl.program_id(0)
-        pid_n = tl.program_id(2)
-    else:
-        pid_n = tl.program_id(0)
-        tile = tl.program_id(2)
-    split = tl.program_id(1)
+    pid_n, tile, split = grid_ids(TILE_MAJOR)
     BLOCK_W: tl.constexpr = BLOCK_K // 8
     NB: tl.constexpr = BLOCK_K // 32
     n_rows = tl.load(rows_ptr + tile)

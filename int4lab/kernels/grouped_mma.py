@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .epilogue import finish_rows, fold_blocks
+from .epilogue import finish_rows, fold_blocks, grid_ids
 
 
 @triton.jit
@@ -55,13 +55,7 @@ def grouped_mma_kernel(
     [E, N, K/2] (even k low nibble), ws float16 [E, N, K/32]; KH = K / 2 bytes per weight row, KB = K / 32;
     BLOCK_K a power of two >= 32.
     """
-    if TILE_MAJOR:
-        tile = tl.program_id(0)
-        pid_n = tl.program_id(2)
-    else:
-        pid_n = tl.program_id(0)
-        tile = tl.program_id(2)
-    split = tl.program_id(1)
+    pid_n, tile, split = grid_ids(TILE_MAJOR)
     NB: tl.constexpr = BLOCK_K // 32
     n_rows = tl.load(rows_ptr + tile)
     if n_rows > 0:
