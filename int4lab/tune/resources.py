@@ -36,15 +36,16 @@ VARIANTS = [("dp4a sm90 big row bn16 bk2048 w4, fused quant", "dp4a", 16, 2048, 
 
 
 # Grouped kernels: (label, kind, block_m, block_n, block_k, num_warps, split_k, topk, tile_major)
-GROUPED_VARIANTS = [("grouped dp4a bm1 bn32 bk512 w4 tile-major (sm90 table, < 4 rows)", "dp4a", 1, 32, 512, 4, 1, 1, True),
-                    ("grouped dp4a bm1 bn32 bk1024 w4 (the routed row's tile)", "dp4a", 1, 32, 1024, 4, 1, 1, False),
-                    ("grouped dp4a bm4 bn32 bk512 w4, split 2", "dp4a", 4, 32, 512, 4, 2, 1, False),
-                    ("grouped dp4a bm8 bn16 bk512 w4, combine", "dp4a", 8, 16, 512, 4, 1, 8, False),
-                    ("grouped mma bm8 bn64 bk128 w4 tile-major (sm90 table, >= 4 rows)", "mma", 8, 64, 128, 4, 1, 1, True),
-                    ("grouped mma bm16 bn64 bk128 w4 tile-major (sm90 table, >= 8 rows)", "mma", 16, 64, 128, 4, 1, 1, True),
-                    ("grouped mma bm32 bn64 bk128 w4 tile-major (sm90 table, >= 16 rows)", "mma", 32, 64, 128, 4, 1, 1, True),
-                    ("grouped mma bm16 bn64 bk32 w4 (one block per step)", "mma", 16, 64, 32, 4, 1, 1, False),
-                    ("grouped mma bm16 bn64 bk128 w4, combine", "mma", 16, 64, 128, 4, 1, 8, True)]
+GROUPED_VARIANTS = [
+    ("grouped dp4a bm1 bn32 bk512 w4 tile-major (sm90 table, < 4 rows)", "dp4a", 1, 32, 512, 4, 1, 1, True),
+    ("grouped dp4a bm1 bn32 bk1024 w4 (the routed row's tile)", "dp4a", 1, 32, 1024, 4, 1, 1, False),
+    ("grouped dp4a bm4 bn32 bk512 w4, split 2", "dp4a", 4, 32, 512, 4, 2, 1, False),
+    ("grouped dp4a bm8 bn16 bk512 w4, combine", "dp4a", 8, 16, 512, 4, 1, 8, False),
+    ("grouped mma bm8 bn64 bk128 w4 tile-major (sm90 table, >= 4 rows)", "mma", 8, 64, 128, 4, 1, 1, True),
+    ("grouped mma bm16 bn64 bk128 w4 tile-major (sm90 table, >= 8 rows)", "mma", 16, 64, 128, 4, 1, 1, True),
+    ("grouped mma bm32 bn64 bk128 w4 tile-major (sm90 table, >= 16 rows)", "mma", 32, 64, 128, 4, 1, 1, True),
+    ("grouped mma bm16 bn64 bk32 w4 (one block per step)", "mma", 16, 64, 32, 4, 1, 1, False),
+    ("grouped mma bm16 bn64 bk128 w4, combine", "mma", 16, 64, 128, 4, 1, 8, True)]
 
 
 def _tool(name):
