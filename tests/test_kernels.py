@@ -24,7 +24,7 @@ from int4lab.kernels.moe import moe_decode_ref
 from int4lab.kernels import plan as plan_mod
 from int4lab.kernels.grouped import MAX_ROUTED_ROWS, build_group_tiles_ref, grouped_ref
 from int4lab.kernels.plan import MMA_PLAN, GemvPlan, GroupedPlan, choose_split_k, resolve
-from int4lab.kernels.quant import codes_to_eo, codes_to_k, swiglu_quant_rows_ref
+from int4lab.kernels.quant import swiglu_quant_rows_ref
 
 BF16_TOL = 2.0 ** -7        # bf16 output rounding is <= 2^-8 relative; the issue's bound is 2^-7 of max|ref|
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a CUDA device")
@@ -73,20 +73,6 @@ def test_quant_x_rows_strided_rows(device):
     q, s = quant_x_rows(x)
     rq, rs = quant_x_rows_ref(x.cpu())
     assert torch.equal(q.cpu(), rq) and torch.equal(s.cpu(), rs)
-
-
-def test_quant_rows_eo_layout(device):
-    """layout="eo": the same codes and scales, each 32-block's even-k codes first, then its odd-k codes."""
-    x = torch.randn(3, 160).bfloat16()
-    q, s = quant_x_rows(x.to(device), layout="eo")
-    rq, rs = quant_x_rows_ref(x)
-    assert torch.equal(q.cpu(), codes_to_eo(rq)) and torch.equal(s.cpu(), rs)
-    assert torch.equal(q.cpu()[0, :16], rq[0, 0:32:2]) and torch.equal(q.cpu()[0, 16:32], rq[0, 1:32:2])
-    assert torch.equal(codes_to_k(q.cpu()), rq)
-    h = (torch.randn(5, 2 * 96) * 3).bfloat16().to(device)
-    assert torch.equal(swiglu_quant_rows(h, layout="eo")[0], codes_to_eo(swiglu_quant_rows(h)[0]))
-    with pytest.raises(ValueError, match="layout must be one of"):
-        quant_x_rows(x.to(device), layout="oe")
 
 
 def test_swiglu_quant_rows(device):
@@ -347,21 +333,17 @@ def test_grouped_mma_matches_reference(device, split_k, block_k):
 def test_grouped_mma_dp4a_and_tile_order_same_bits(device, split_k, tile_major):
     """The tensor-core tile (4-16 rows, NB blocks per batched dot) and the dp4a tile (4 rows) scale and fold
     the same block sums in the same order: the same bits for the same block_k and split_k, whichever grid
-    order runs the tiles and whichever code order x arrives in (reordered for the kernel when it differs).
-    A K tail inside the last step, ragged N, an expert with no rows."""
+    order runs the tiles. A K tail inside the last step, ragged N, an expert with no rows."""
     E, N, K, L = 3, 40, 352, 21
     packed, scales = pack(E, N, K, device)
     ids = torch.randint(0, E - 1, (L,), dtype=torch.int32).to(device)
     xq, xs = quant_x_rows(torch.randn(L, K).to(device))
     nw = 1 if device == "cpu" else 4
     outs = []
-    xq_eo = codes_to_eo(xq)
-    for bm, kind, major, given in ((4, "dp4a", False, "k"), (16, "mma", tile_major, "k"),
-                                   (8, "mma", not tile_major, "eo"), (4, "mma", tile_major, "k"),
-                                   (4, "dp4a", True, "eo")):
+    for bm, kind, major in ((4, "dp4a", False), (16, "mma", tile_major), (8, "mma", not tile_major),
+                            (4, "mma", tile_major), (4, "dp4a", True)):
         plan = GroupedPlan(bm, 16, 128, nw, 1, split_k=split_k, kind=kind, tile_major=major)
-        outs.append(gemm_int4_b32_grouped(xq_eo if given == "eo" else xq, xs, packed, scales,
-                                          build_group_tiles(ids, E, bm), plan=plan, x_layout=given))
+        outs.append(gemm_int4_b32_grouped(xq, xs, packed, scales, build_group_tiles(ids, E, bm), plan=plan))
     assert_close_bf16(outs[0], grouped_ref(xq, xs, packed, scales, ids, N, K))
     for o in outs[1:]:
         assert torch.equal(outs[0].view(torch.int16), o.view(torch.int16))
@@ -576,8 +558,6 @@ def test_bad_inputs(device):
         gemm_int4_b32_grouped(xq, xs, packed, scales, t16, plan=GroupedPlan(16, 16, 48, 1, 1, kind="mma"))
     with pytest.raises(ValueError, match=r"dp4a grouped plan needs block_k a power of two >= 128"):
         gemm_int4_b32_grouped(xq, xs, packed, scales, t, plan=GroupedPlan(4, 16, 64, 1, 1))
-    with pytest.raises(ValueError, match="x_layout must be one of"):
-        gemm_int4_b32_grouped(xq, xs, packed, scales, t, x_layout="ke")
     with pytest.raises(ValueError, match="at most 8192 routed rows"):
         build_group_tiles(torch.zeros(MAX_ROUTED_ROWS + 1, dtype=torch.int32, device=device), E, 16)
     gp, gs, dp, ds = moe_weights(E, K, 32, device)

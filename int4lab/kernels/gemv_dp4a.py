@@ -85,8 +85,8 @@ def x_words_from_codes(x_rows, xs_rows, t, KW, KB, BLOCK_K: tl.constexpr, USE_AS
     """Tile t of BM rows of int8 codes -> (x_even, x_odd, -8 * word sums) int32 [BM, BLOCK_W], scales [BM, NB].
 
     x_rows [BM]: row pointers into the codes viewed as int32 words (4 codes each); xs_rows [BM]: pointers to
-    the rows' float32 scales; KW = K / 8 (pairs of words), KB = K / 32. The GEMV on k-order codes (BM = 1);
-    the grouped kernel reads "eo" codes instead, which need none of these permutes (quant.py).
+    the rows' float32 scales; KW = K / 8 (pairs of words), KB = K / 32. Shared by the routed GEMV (BM = 1)
+    and the grouped kernel (a tile of rows of one expert).
     """
     BLOCK_W: tl.constexpr = BLOCK_K // 8
     NB: tl.constexpr = BLOCK_K // 32

@@ -160,12 +160,10 @@ def moe_decode_grouped(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down
     p_gu = _plan.resolve_grouped(plan, 2 * I, H, L, E, dev, split_k)
     p_dn = _plan.resolve_grouped(plan, H, I, L, E, dev, split_k)
     tiles = build_group_tiles(topk_ids, E, p_gu.block_m)
-    xq, xs = quant_x_rows(x, layout=p_gu.x_layout)       # the codes in the order each kernel reads them
-    h = gemm_int4_b32_grouped(xq, xs, gate_up_packed, gate_up_scales, tiles, rows_per_x=A, plan=p_gu,
-                              x_layout=p_gu.x_layout)
-    aq, as_ = swiglu_quant_rows(h, layout=p_dn.x_layout)
-    return gemm_int4_b32_grouped(aq, as_, down_packed, down_scales, tiles, topk_w=topk_w, plan=p_dn,
-                                 x_layout=p_dn.x_layout)
+    xq, xs = quant_x_rows(x)
+    h = gemm_int4_b32_grouped(xq, xs, gate_up_packed, gate_up_scales, tiles, rows_per_x=A, plan=p_gu)
+    aq, as_ = swiglu_quant_rows(h)
+    return gemm_int4_b32_grouped(aq, as_, down_packed, down_scales, tiles, topk_w=topk_w, plan=p_dn)
 
 
 def moe_decode_ref(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales):

@@ -52,12 +52,6 @@ class GroupedPlan:
     waves: float = 0.25          # target programs per SM when choosing split-K
     split_k: int | None = None   # None: chosen from `waves` by resolve_grouped
     kind: str = "dp4a"           # "dp4a": grouped_dp4a.py; "mma": grouped_mma.py (tensor cores)
-
-    @property
-    def x_layout(self) -> str:
-        """Order of the x codes the kernel reads (quant.py): "eo" for dp4a (x words meet the nibble words as
-        loaded), "k" for mma (its interleaved operand meets k order as loaded)."""
-        return "eo" if self.kind == "dp4a" else "k"
     tile_major: bool = False     # grid (tiles, splits, N tiles): an expert's tiles for one N range run together
 
 
