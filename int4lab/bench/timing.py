@@ -5,9 +5,12 @@ Method (what one `us` means):
   * the caller builds `copies` calls, each on its own copy of the weights, with copies x bytes > 4 x L2
     (`copies_for`; L2 is 60 MB on the H200): every call reads its weights from HBM, as in a real decode step
     where each layer's weights were last touched a whole forward pass ago;
-  * one CUDA graph makes every call once, in sequence; a replay is timed with CUDA events and divided by the
-    number of calls; `us` is the median over `replays` replays after `warmup` replays, `p10_us`/`p90_us` the
-    spread (`summarise`).
+  * one CUDA graph makes every call once, in sequence; one sample is the CUDA-event time of enough replays
+    back to back to make at least `MIN_CALLS` calls, divided by the calls made; `us` is the median over
+    `replays` samples after `warmup` replays, `p10_us`/`p90_us` the spread (`summarise`). Why several replays
+    per sample: the start event fires at once on an idle stream, then the GPU waits for the host to launch
+    the graph; with one replay of a graph of 1-2 big calls that host latency lands on every call (rows over
+    60 MB have 1-2 copies). Back to back, the next replay is launched while the GPU runs the previous one.
 """
 from __future__ import annotations
 
@@ -29,10 +32,17 @@ def copies_for(bytes_per_call: int, l2: int, factor: int = 4, cap: int = 1024) -
     return max(1, min(cap, factor * l2 // bytes_per_call + 1))
 
 
-def time_calls(calls, replays: int = 20, warmup: int = 3) -> list[float]:
-    """Capture one CUDA graph making every call in `calls` once, in order; return per-call us of each replay."""
+MIN_CALLS = 16          # calls per timed sample (module doc)
+
+
+def time_calls(calls, replays: int = 20, warmup: int = 3, min_calls: int = MIN_CALLS) -> list[float]:
+    """Capture one CUDA graph making every call in `calls` once, in order; return per-call us of each sample
+    (ceil(min_calls / len(calls)) replays back to back)."""
     if not calls:
         raise ValueError("calls must hold at least one callable")
+    if not isinstance(min_calls, int) or min_calls < 1:
+        raise ValueError(f"min_calls must be a positive int, got {min_calls!r}")
+    per = -(-min_calls // len(calls))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):          # eager warm-up (and compilation) on a side stream, as capture requires
@@ -51,10 +61,11 @@ def time_calls(calls, replays: int = 20, warmup: int = 3) -> list[float]:
     out = []
     for _ in range(replays):
         start.record()
-        graph.replay()
+        for _ in range(per):
+            graph.replay()
         end.record()
         end.synchronize()
-        out.append(start.elapsed_time(end) * 1e3 / len(calls))
+        out.append(start.elapsed_time(end) * 1e3 / (per * len(calls)))
     del graph
     return out
 
