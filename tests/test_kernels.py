@@ -427,6 +427,42 @@ def test_routed_gemv_row_major_grid_same_bits(device, split_k, x_mode):
     assert counters_all_zero()
 
 
+@pytest.mark.parametrize("T,split_k", [(1, 1), (1, 2), (4, 2)])
+def test_moe_one_launch_same_bits_as_two(device, T, split_k):
+    """The one-launch step (moe_fused.py) runs the same tiles as the two GEMVs: the same bits, with ragged N
+    tiles (H not a multiple of block_n), split-K in both projections (arrival counters of both and the
+    tickets / ready counters zero afterwards), one token (N tiles first) and several (rows first), two rows
+    of one expert, twice in a row (the counters reset for the next call), and poisoned workspaces between."""
+    E, H, I, A = 4, 288, 256, 2
+    w = moe_weights(E, H, I, device)
+    x = torch.randn(T, H).bfloat16().to(device)
+    ids = torch.tensor([[2, 0], [0, 2], [1, 3], [3, 0]][:T], dtype=torch.int32, device=device)
+    tw = torch.softmax(torch.randn(T, A), -1).to(device)
+    nw = 1 if device == "cpu" else 4
+    plan = GemvPlan(block_n=64, block_k=128, num_warps=nw, num_stages=1, waves=1.0)
+    two = moe_decode_routed(x, ids, tw, *w, split_k=split_k, plan=plan, fused=False)
+    for _ in range(2):
+        for part, _cnt in gemv_mod._WORKSPACES.values():
+            poison(part)
+        one = moe_decode_routed(x, ids, tw, *w, split_k=split_k, plan=plan, fused=True)
+        assert torch.equal(one.view(torch.int16), two.view(torch.int16))
+        assert counters_all_zero()
+    assert not one.isnan().any()
+
+
+def test_moe_one_launch_falls_back_when_tiles_differ(device, monkeypatch):
+    """Plans whose tiles differ between gate_up and down cannot share one grid: the two launches run."""
+    from int4lab.kernels import moe as moe_mod
+    calls = []
+    monkeypatch.setattr(moe_mod, "_moe_fused", lambda *a, **k: calls.append("fused"))
+    w = moe_weights(4, 64, 64, device)
+    x, ids, tw = torch.randn(1, 64, device=device), torch.tensor([[0, 1]], device=device), torch.rand(1, 2, device=device)
+    moe_mod.moe_decode_routed(x, ids, tw, *w, fused=True, plan=dataclasses.replace(MMA_PLAN, block_k=512))
+    assert calls == []
+    moe_mod.moe_decode_routed(x, ids, tw, *w, fused=True)
+    assert calls == ["fused"]
+
+
 def test_moe_decode_step_dispatch(device, monkeypatch):
     """moe_decode_step takes the path plan.moe_grouped names for (tokens, top-k, E), never from the routing."""
     from int4lab.kernels import moe as moe_mod
@@ -594,7 +630,8 @@ def test_cuda_graph_capture_matches_eager(device):
     tw3 = torch.rand(3, 2, device=device)
     v2 = dataclasses.replace(MMA_PLAN, defer_reduce=True)
     eager = [moe_decode_routed(x, ids, tw, *w, split_k=2), moe_decode_step(x, ids, tw, *w),
-             moe_decode_grouped(xs_[:, 0].contiguous(), ids3, tw3, *w), moe_decode_routed(x, ids, tw, *w, plan=v2)]
+             moe_decode_grouped(xs_[:, 0].contiguous(), ids3, tw3, *w), moe_decode_routed(x, ids, tw, *w, plan=v2),
+             moe_decode_routed(x, ids, tw, *w, split_k=2, fused=True)]
     x3 = xs_[:, 0].contiguous()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -602,11 +639,13 @@ def test_cuda_graph_capture_matches_eager(device):
         moe_decode_routed(x, ids, tw, *w, split_k=2)
         moe_decode_grouped(x3, ids3, tw3, *w)
         moe_decode_routed(x, ids, tw, *w, plan=v2)
+        moe_decode_routed(x, ids, tw, *w, split_k=2, fused=True)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         outs = [moe_decode_routed(x, ids, tw, *w, split_k=2), moe_decode_step(x, ids, tw, *w),
-                moe_decode_grouped(x3, ids3, tw3, *w), moe_decode_routed(x, ids, tw, *w, plan=v2)]
+                moe_decode_grouped(x3, ids3, tw3, *w), moe_decode_routed(x, ids, tw, *w, plan=v2),
+                moe_decode_routed(x, ids, tw, *w, split_k=2, fused=True)]
     for o in outs:
         poison(o)
     g.replay()
@@ -618,6 +657,7 @@ def test_cuda_graph_capture_matches_eager(device):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(outs[0].view(torch.int16), moe_decode_routed(x, ids, tw, *w, split_k=2).view(torch.int16))
+    assert torch.equal(outs[4].view(torch.int16), outs[0].view(torch.int16))      # one launch: the same bits
     ids3.copy_(torch.tensor([[3, 2], [3, 2], [3, 0]], device=device))   # new routing, same grouped graph
     g.replay()
     torch.cuda.synchronize()
