@@ -8,10 +8,9 @@ grid has finished, so the SMs idle in gate_up's last, partial wave and in down's
 Here one grid holds both GEMVs' programs, and a down program waits only for ITS row of h.
 
 Tickets (why this cannot deadlock). Program p's role is not its program id but a ticket, taken with an
-atomic add when it starts: tickets 0 .. G-1 are the gate_up programs (G = L * SK_gu * NT_gu), tickets from G
-the down programs, each numbered in the routed GEMV's grid order (gemv_dp4a_kernel: N tiles first for one
-token, rows first for several). A down program spins on ready[row] until all SK_gu * NT_gu gate_up programs
-of its row have written their part of h; those programs hold lower tickets, so each has already started
+atomic add when it starts (`_role`: for one token row by row, a row's gate_up tickets then its down
+tickets; for several tokens every gate_up ticket first, each GEMV in the routed grid's order). A down program
+waits on ready[row] until all SK_gu * NT_gu gate_up programs of its row have written their part of h; those programs hold lower tickets, so each has already started
 on some SM, and a started gate_up program never waits: every wait ends, whatever order the hardware
 schedules the programs in or how many fit at once.
 
@@ -33,12 +32,39 @@ GU_X, DN_X = tl.constexpr(X_FLOAT), tl.constexpr(X_SWIGLU)     # how x and h rea
 
 
 @triton.jit
-def _tile_of(q, NT, R, SK: tl.constexpr, ROWS_FIRST: tl.constexpr):
-    """(pid_n, row, split) of the q-th program of one GEMV, in gemv_dp4a_kernel's grid order."""
-    if ROWS_FIRST:          # grid (R, SK, NT): the row index varies fastest
-        return q // (R * SK), q % R, (q // R) % SK
-    else:                   # grid (NT, SK, R): the N tile varies fastest
-        return q % NT, q // (NT * SK), (q // NT) % SK
+def _role(ticket, L, NT_GU, NT_DN, GU_SPLIT: tl.constexpr, DN_SPLIT: tl.constexpr, ROWS_FIRST: tl.constexpr):
+    """(is gate_up, pid_n, row, split) of a ticket. Rows first (several tokens): every gate_up ticket, then
+    every down ticket. One token: row by row, each row's gate_up tickets then its down tickets, so a row's
+    down programs start while later rows' gate_up runs (a down program still waits only on lower tickets)."""
+    if ROWS_FIRST:
+        G = L * GU_SPLIT * NT_GU
+        is_gu = ticket < G
+        q = tl.where(is_gu, ticket, ticket - G)
+        sk = tl.where(is_gu, GU_SPLIT, DN_SPLIT)        # the grid (R, SK, NT): row fastest, then split
+        pid_n, r, split = q // (L * sk), q % L, (q // L) % sk
+    else:
+        per_row = GU_SPLIT * NT_GU + DN_SPLIT * NT_DN
+        r = ticket // per_row
+        q = ticket % per_row
+        is_gu = q < GU_SPLIT * NT_GU
+        q = tl.where(is_gu, q, q - GU_SPLIT * NT_GU)
+        nt = tl.where(is_gu, NT_GU, NT_DN)
+        pid_n, split = q % nt, q // nt
+    return is_gu, pid_n, r, split
+
+
+@triton.jit
+def _wait_at_least(ptr, target, USE_ASM: tl.constexpr):
+    """Spin until *ptr >= target, then acquire. Polls with plain volatile loads and a ~0.25 us sleep: a
+    tight loop of atomic adds from hundreds of waiting programs on a few addresses queues at the L2 atomic
+    unit in front of the very increments they wait for (v17 probe: the one launch 25-40 % slower)."""
+    seen = tl.load(ptr, volatile=True)
+    while seen < target:
+        if USE_ASM:
+            seen = tl.inline_asm_elementwise("nanosleep.u32 256; mov.b32 $0, $1;", "=r,r", [seen],
+                                             dtype=tl.int32, is_pure=False, pack=1)
+        seen = tl.load(ptr, volatile=True)
+    tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")    # the producers' release -> our later loads
 
 
 @triton.jit
@@ -63,22 +89,18 @@ def moe_fused_kernel(
     """
     NT_GU = tl.cdiv(2 * I, BLOCK_N)
     NT_DN = tl.cdiv(H, BLOCK_N)
-    G = L * GU_SPLIT * NT_GU
-    TOTAL = G + L * DN_SPLIT * NT_DN
+    TOTAL = L * (GU_SPLIT * NT_GU + DN_SPLIT * NT_DN)
     ready = sync_ptr + 2
     ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
-    if ticket < G:
-        pid_n, r, split = _tile_of(ticket, NT_GU, L, GU_SPLIT, ROWS_FIRST)
+    is_gu, pid_n, r, split = _role(ticket, L, NT_GU, NT_DN, GU_SPLIT, DN_SPLIT, ROWS_FIRST)
+    if is_gu:
         gemv_tile(x_ptr, x_ptr, gu_w, gu_s, eid_ptr, h_ptr, gu_part, gu_cnt, tw_ptr, pid_n, r, split,
                   L, 2 * I, H, E, stride_x, 0, gu_we, gu_kw, gu_se, gu_kb, GU_X, TOPK, GU_TILES_PER_SPLIT,
                   GU_SPLIT, 1, BLOCK_N, BLOCK_K, True, False, PREFETCH, USE_ASM, False, 0)
         tl.debug_barrier()                    # every thread's h (or partial) store is done before the release
         tl.atomic_add(ready + r, 1, sem="release", scope="gpu")
     else:
-        pid_n, r, split = _tile_of(ticket - G, NT_DN, L, DN_SPLIT, ROWS_FIRST)
-        seen = tl.atomic_add(ready + r, 0, sem="acquire", scope="gpu")
-        while seen < GU_SPLIT * NT_GU:
-            seen = tl.atomic_add(ready + r, 0, sem="acquire", scope="gpu")
+        _wait_at_least(ready + r, GU_SPLIT * NT_GU, USE_ASM)
         tl.debug_barrier()                    # the acquire above is ordered before every thread's h loads
         gemv_tile(h_ptr, h_ptr, dn_w, dn_s, eid_ptr, out_ptr, dn_part, dn_cnt, tw_ptr, pid_n, r, split,
                   L, H, I, E, 2 * I, 0, dn_we, dn_kw, dn_se, dn_kb, DN_X, 1, DN_TILES_PER_SPLIT,
