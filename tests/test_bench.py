@@ -112,6 +112,15 @@ def test_copies_rotate_beyond_four_l2(nbytes):
         timing.copies_for(0, l2)
 
 
+def test_time_calls_refuses_bad_arguments():
+    """Checked before any CUDA call, so this runs anywhere."""
+    with pytest.raises(ValueError, match="calls must hold at least one callable"):
+        timing.time_calls([])
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ValueError, match="min_calls must be a positive int"):
+            timing.time_calls([lambda: None], min_calls=bad)
+
+
 # ---- receipt schema ------------------------------------------------------------------------------------
 
 
