@@ -2,7 +2,8 @@
 gemv_dp4a.x_words_from_codes (the kernel before v14, patched in; one process per order), on MoE steps of the
 bench's routing, median of 20 graph replays. On the GPU machine:
     python3 scripts/eo_vs_k.py k $OUT; python3 scripts/eo_vs_k.py eo $OUT
-(data/receipts/probe_eo_vs_k_h200.json; notes/perf.md, after v16)."""
+(data/receipts/probe_eo_vs_k_h200.json; notes/perf.md, after v16). It runs on the tree that measured it,
+commit 935f365: the eo order was removed after this comparison."""
 import json, sys
 import torch
 import triton

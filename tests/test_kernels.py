@@ -24,7 +24,7 @@ from int4lab.kernels.moe import moe_decode_ref
 from int4lab.kernels import plan as plan_mod
 from int4lab.kernels.grouped import MAX_ROUTED_ROWS, build_group_tiles_ref, grouped_ref
 from int4lab.kernels.plan import MMA_PLAN, GemvPlan, GroupedPlan, choose_split_k, resolve
-from int4lab.kernels.quant import codes_to_eo, codes_to_k, swiglu_quant_rows_ref
+from int4lab.kernels.quant import swiglu_quant_rows_ref
 
 BF16_TOL = 2.0 ** -7        # bf16 output rounding is <= 2^-8 relative; the issue's bound is 2^-7 of max|ref|
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a CUDA device")
@@ -73,20 +73,6 @@ def test_quant_x_rows_strided_rows(device):
     q, s = quant_x_rows(x)
     rq, rs = quant_x_rows_ref(x.cpu())
     assert torch.equal(q.cpu(), rq) and torch.equal(s.cpu(), rs)
-
-
-def test_quant_rows_eo_layout(device):
-    """layout="eo": the same codes and scales, each 32-block's even-k codes first, then its odd-k codes."""
-    x = torch.randn(3, 160).bfloat16()
-    q, s = quant_x_rows(x.to(device), layout="eo")
-    rq, rs = quant_x_rows_ref(x)
-    assert torch.equal(q.cpu(), codes_to_eo(rq)) and torch.equal(s.cpu(), rs)
-    assert torch.equal(q.cpu()[0, :16], rq[0, 0:32:2]) and torch.equal(q.cpu()[0, 16:32], rq[0, 1:32:2])
-    assert torch.equal(codes_to_k(q.cpu()), rq)
-    h = (torch.randn(5, 2 * 96) * 3).bfloat16().to(device)
-    assert torch.equal(swiglu_quant_rows(h, layout="eo")[0], codes_to_eo(swiglu_quant_rows(h)[0]))
-    with pytest.raises(ValueError, match="layout must be one of"):
-        quant_x_rows(x.to(device), layout="oe")
 
 
 def test_swiglu_quant_rows(device):
@@ -347,21 +333,17 @@ def test_grouped_mma_matches_reference(device, split_k, block_k):
 def test_grouped_mma_dp4a_and_tile_order_same_bits(device, split_k, tile_major):
     """The tensor-core tile (4-16 rows, NB blocks per batched dot) and the dp4a tile (4 rows) scale and fold
     the same block sums in the same order: the same bits for the same block_k and split_k, whichever grid
-    order runs the tiles and whichever code order x arrives in (reordered for the kernel when it differs).
-    A K tail inside the last step, ragged N, an expert with no rows."""
+    order runs the tiles. A K tail inside the last step, ragged N, an expert with no rows."""
     E, N, K, L = 3, 40, 352, 21
     packed, scales = pack(E, N, K, device)
     ids = torch.randint(0, E - 1, (L,), dtype=torch.int32).to(device)
     xq, xs = quant_x_rows(torch.randn(L, K).to(device))
     nw = 1 if device == "cpu" else 4
     outs = []
-    xq_eo = codes_to_eo(xq)
-    for bm, kind, major, given in ((4, "dp4a", False, "k"), (16, "mma", tile_major, "k"),
-                                   (8, "mma", not tile_major, "eo"), (4, "mma", tile_major, "k"),
-                                   (4, "dp4a", True, "eo")):
+    for bm, kind, major in ((4, "dp4a", False), (16, "mma", tile_major), (8, "mma", not tile_major),
+                            (4, "mma", tile_major), (4, "dp4a", True)):
         plan = GroupedPlan(bm, 16, 128, nw, 1, split_k=split_k, kind=kind, tile_major=major)
-        outs.append(gemm_int4_b32_grouped(xq_eo if given == "eo" else xq, xs, packed, scales,
-                                          build_group_tiles(ids, E, bm), plan=plan, x_layout=given))
+        outs.append(gemm_int4_b32_grouped(xq, xs, packed, scales, build_group_tiles(ids, E, bm), plan=plan))
     assert_close_bf16(outs[0], grouped_ref(xq, xs, packed, scales, ids, N, K))
     for o in outs[1:]:
         assert torch.equal(outs[0].view(torch.int16), o.view(torch.int16))
@@ -443,6 +425,42 @@ def test_routed_gemv_row_major_grid_same_bits(device, split_k, x_mode):
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
     assert not outs[1].isnan().any()
     assert counters_all_zero()
+
+
+@pytest.mark.parametrize("T,split_k", [(1, 1), (1, 2), (4, 2)])
+def test_moe_one_launch_same_bits_as_two(device, T, split_k):
+    """The one-launch step (moe_fused.py) runs the same tiles as the two GEMVs: the same bits, with ragged N
+    tiles (H not a multiple of block_n), split-K in both projections (arrival counters of both and the
+    tickets / ready counters zero afterwards), one token (N tiles first) and several (rows first), two rows
+    of one expert, twice in a row (the counters reset for the next call), and poisoned workspaces between."""
+    E, H, I, A = 4, 288, 256, 2
+    w = moe_weights(E, H, I, device)
+    x = torch.randn(T, H).bfloat16().to(device)
+    ids = torch.tensor([[2, 0], [0, 2], [1, 3], [3, 0]][:T], dtype=torch.int32, device=device)
+    tw = torch.softmax(torch.randn(T, A), -1).to(device)
+    nw = 1 if device == "cpu" else 4
+    plan = GemvPlan(block_n=64, block_k=128, num_warps=nw, num_stages=1, waves=1.0)
+    two = moe_decode_routed(x, ids, tw, *w, split_k=split_k, plan=plan, fused=False)
+    for _ in range(2):
+        for part, _cnt in gemv_mod._WORKSPACES.values():
+            poison(part)
+        one = moe_decode_routed(x, ids, tw, *w, split_k=split_k, plan=plan, fused=True)
+        assert torch.equal(one.view(torch.int16), two.view(torch.int16))
+        assert counters_all_zero()
+    assert not one.isnan().any()
+
+
+def test_moe_one_launch_falls_back_when_tiles_differ(device, monkeypatch):
+    """Plans whose tiles differ between gate_up and down cannot share one grid: the two launches run."""
+    from int4lab.kernels import moe as moe_mod
+    calls = []
+    monkeypatch.setattr(moe_mod, "_moe_fused", lambda *a, **k: calls.append("fused"))
+    w = moe_weights(4, 64, 64, device)
+    x, ids, tw = torch.randn(1, 64, device=device), torch.tensor([[0, 1]], device=device), torch.rand(1, 2, device=device)
+    moe_mod.moe_decode_routed(x, ids, tw, *w, fused=True, plan=dataclasses.replace(MMA_PLAN, block_k=512))
+    assert calls == []
+    moe_mod.moe_decode_routed(x, ids, tw, *w, fused=True)
+    assert calls == ["fused"]
 
 
 def test_moe_decode_step_dispatch(device, monkeypatch):
@@ -576,8 +594,6 @@ def test_bad_inputs(device):
         gemm_int4_b32_grouped(xq, xs, packed, scales, t16, plan=GroupedPlan(16, 16, 48, 1, 1, kind="mma"))
     with pytest.raises(ValueError, match=r"dp4a grouped plan needs block_k a power of two >= 128"):
         gemm_int4_b32_grouped(xq, xs, packed, scales, t, plan=GroupedPlan(4, 16, 64, 1, 1))
-    with pytest.raises(ValueError, match="x_layout must be one of"):
-        gemm_int4_b32_grouped(xq, xs, packed, scales, t, x_layout="ke")
     with pytest.raises(ValueError, match="at most 8192 routed rows"):
         build_group_tiles(torch.zeros(MAX_ROUTED_ROWS + 1, dtype=torch.int32, device=device), E, 16)
     gp, gs, dp, ds = moe_weights(E, K, 32, device)
@@ -614,7 +630,8 @@ def test_cuda_graph_capture_matches_eager(device):
     tw3 = torch.rand(3, 2, device=device)
     v2 = dataclasses.replace(MMA_PLAN, defer_reduce=True)
     eager = [moe_decode_routed(x, ids, tw, *w, split_k=2), moe_decode_step(x, ids, tw, *w),
-             moe_decode_grouped(xs_[:, 0].contiguous(), ids3, tw3, *w), moe_decode_routed(x, ids, tw, *w, plan=v2)]
+             moe_decode_grouped(xs_[:, 0].contiguous(), ids3, tw3, *w), moe_decode_routed(x, ids, tw, *w, plan=v2),
+             moe_decode_routed(x, ids, tw, *w, split_k=2, fused=True)]
     x3 = xs_[:, 0].contiguous()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -622,11 +639,13 @@ def test_cuda_graph_capture_matches_eager(device):
         moe_decode_routed(x, ids, tw, *w, split_k=2)
         moe_decode_grouped(x3, ids3, tw3, *w)
         moe_decode_routed(x, ids, tw, *w, plan=v2)
+        moe_decode_routed(x, ids, tw, *w, split_k=2, fused=True)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         outs = [moe_decode_routed(x, ids, tw, *w, split_k=2), moe_decode_step(x, ids, tw, *w),
-                moe_decode_grouped(x3, ids3, tw3, *w), moe_decode_routed(x, ids, tw, *w, plan=v2)]
+                moe_decode_grouped(x3, ids3, tw3, *w), moe_decode_routed(x, ids, tw, *w, plan=v2),
+                moe_decode_routed(x, ids, tw, *w, split_k=2, fused=True)]
     for o in outs:
         poison(o)
     g.replay()
@@ -638,6 +657,7 @@ def test_cuda_graph_capture_matches_eager(device):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(outs[0].view(torch.int16), moe_decode_routed(x, ids, tw, *w, split_k=2).view(torch.int16))
+    assert torch.equal(outs[4].view(torch.int16), outs[0].view(torch.int16))      # one launch: the same bits
     ids3.copy_(torch.tensor([[3, 2], [3, 2], [3, 0]], device=device))   # new routing, same grouped graph
     g.replay()
     torch.cuda.synchronize()

@@ -85,8 +85,8 @@ def x_words_from_codes(x_rows, xs_rows, t, KW, KB, BLOCK_K: tl.constexpr, USE_AS
     """Tile t of BM rows of int8 codes -> (x_even, x_odd, -8 * word sums) int32 [BM, BLOCK_W], scales [BM, NB].
 
     x_rows [BM]: row pointers into the codes viewed as int32 words (4 codes each); xs_rows [BM]: pointers to
-    the rows' float32 scales; KW = K / 8 (pairs of words), KB = K / 32. The GEMV on k-order codes (BM = 1);
-    the grouped kernel reads "eo" codes instead, which need none of these permutes (quant.py).
+    the rows' float32 scales; KW = K / 8 (pairs of words), KB = K / 32. Shared by the routed GEMV (BM = 1)
+    and the grouped kernel (a tile of rows of one expert).
     """
     BLOCK_W: tl.constexpr = BLOCK_K // 8
     NB: tl.constexpr = BLOCK_K // 32
@@ -141,46 +141,22 @@ def _prefetch_l2(w_rows, n_mask, t0, KW, safe_ptr, BLOCK_N: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def gemv_dp4a_kernel(
-    # Pointers
-    x_ptr, xs_ptr, w_ptr, ws_ptr, eid_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr,
-    # Dimensions
+def gemv_tile(
+    x_ptr, xs_ptr, w_ptr, ws_ptr, eid_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr, pid_n, r, split,
     R, N, K, E, stride_x, stride_xs, stride_we, KW, stride_se, KB,
-    # Meta-parameters
     X_MODE: tl.constexpr, ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
     TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_EIDS: tl.constexpr,
-    HAS_W: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr = 0,
-    PF_TILES: tl.constexpr = 0, ROW_MAJOR: tl.constexpr = False,
+    HAS_W: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr, WAIT_PDL: tl.constexpr,
+    PF_TILES: tl.constexpr,
 ):
-    """One program owns out[r, n0 : n0 + BLOCK_N] for K-split `split` (grid: (N tiles, SPLIT_K, R), or
-    (R, SPLIT_K, N tiles) when ROW_MAJOR: every row's program for one N range then runs at once, so rows
-    routed to the same expert read its bytes from DRAM about once and from L2 after that).
-
-    x: int8 codes [*, K] read as int32 words with float32 scales xs [*, K/32] (X_CODES), float [*, K]
-    (X_FLOAT) or float [*, 2K] gate | up (X_SWIGLU); row r reads x row r // ROWS_PER_X. w int32 words
-    [E, N, K/8] (the uint8 [E, N, K/2] pack viewed as little-endian words); ws float16 [E, N, K/32];
-    eids int [R]. Output and partials as epilogue.finish_rows says. KW = K / 8 (weight words per row), KB =
-    K / 32 (scale blocks per row) and the expert strides arrive as arguments rather than being computed from
-    K here: Triton specialises an integer argument that is a multiple of 16, so it can prove rows 16-byte
-    aligned and masks constant over 4 words, and load the weights as 16-byte vectors (from K // 8 it proved
-    2 and emitted one 4-byte load per word: tune/resources.py counts them). PREFETCH issues tile i + 1's weight
-    loads before tile i's arithmetic (a hand-made double buffer: more bytes in flight per program).
-
-    PDL (programmatic dependent launch, sm_90; 0 = off): 1 lets the next kernel's programs start once every
-    program here has started; 2 is that next kernel, launched with launch_pdl: it asks L2 for its first
-    PDL_TILES weight tiles (weights are never written by the kernel before it), then waits for that kernel
-    to finish before it reads anything else (x, the split-K workspace) or writes. PF_TILES: the
-    launcher's min(TILES_PER_SPLIT, PDL_TILES).
-    """
-    pid_n, r, split = grid_ids(ROW_MAJOR)
+    """The work of one program of gemv_dp4a_kernel: out[r, pid_n tile] for K-split `split` (arguments as
+    there; WAIT_PDL: the PDL == 2 prologue). The one-launch MoE step (moe_fused.py) runs it twice."""
     BLOCK_W: tl.constexpr = BLOCK_K // 8          # weight words per row per tile
     NB: tl.constexpr = BLOCK_K // 32              # scale blocks per tile
-    if PDL == 1:
-        gdc_launch_dependents()
     e, valid = routed_expert(eid_ptr, r, E, HAS_EIDS)
 
     offs_n, n_mask, w_rows, s_rows = expert_tile(w_ptr, ws_ptr, e, stride_we, stride_se, pid_n, N, KW, KB, BLOCK_N)
-    if PDL == 2:
+    if WAIT_PDL:
         _prefetch_l2(w_rows, n_mask, split * TILES_PER_SPLIT, KW, w_ptr + e * stride_we, BLOCK_N, BLOCK_W,
                      PF_TILES)
         gdc_wait()
@@ -231,3 +207,43 @@ def gemv_dp4a_kernel(
         y = tl.sum(acc, axis=1)
     finish_rows(y[None, :], valid, rows, rows >= 0, out_ptr, part_ptr, cnt_ptr, tw_ptr,
                 split, R, N, pid_n, tl.cdiv(N, BLOCK_N), offs_n, n_mask, SPLIT_K, TOPK, HAS_W)
+
+
+@triton.jit
+def gemv_dp4a_kernel(
+    # Pointers
+    x_ptr, xs_ptr, w_ptr, ws_ptr, eid_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr,
+    # Dimensions
+    R, N, K, E, stride_x, stride_xs, stride_we, KW, stride_se, KB,
+    # Meta-parameters
+    X_MODE: tl.constexpr, ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
+    TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_EIDS: tl.constexpr,
+    HAS_W: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr = 0,
+    PF_TILES: tl.constexpr = 0, ROW_MAJOR: tl.constexpr = False,
+):
+    """One program owns out[r, n0 : n0 + BLOCK_N] for K-split `split` (grid: (N tiles, SPLIT_K, R), or
+    (R, SPLIT_K, N tiles) when ROW_MAJOR: every row's program for one N range then runs at once, so rows
+    routed to the same expert read its bytes from DRAM about once and from L2 after that).
+
+    x: int8 codes [*, K] read as int32 words with float32 scales xs [*, K/32] (X_CODES), float [*, K]
+    (X_FLOAT) or float [*, 2K] gate | up (X_SWIGLU); row r reads x row r // ROWS_PER_X. w int32 words
+    [E, N, K/8] (the uint8 [E, N, K/2] pack viewed as little-endian words); ws float16 [E, N, K/32];
+    eids int [R]. Output and partials as epilogue.finish_rows says. KW = K / 8 (weight words per row), KB =
+    K / 32 (scale blocks per row) and the expert strides arrive as arguments rather than being computed from
+    K here: Triton specialises an integer argument that is a multiple of 16, so it can prove rows 16-byte
+    aligned and masks constant over 4 words, and load the weights as 16-byte vectors (from K // 8 it proved
+    2 and emitted one 4-byte load per word: tune/resources.py counts them). PREFETCH issues tile i + 1's weight
+    loads before tile i's arithmetic (a hand-made double buffer: more bytes in flight per program).
+
+    PDL (programmatic dependent launch, sm_90; 0 = off): 1 lets the next kernel's programs start once every
+    program here has started; 2 is that next kernel, launched with launch_pdl: it asks L2 for its first
+    PDL_TILES weight tiles (weights are never written by the kernel before it), then waits for that kernel
+    to finish before it reads anything else (x, the split-K workspace) or writes. PF_TILES: the
+    launcher's min(TILES_PER_SPLIT, PDL_TILES).
+    """
+    pid_n, r, split = grid_ids(ROW_MAJOR)
+    if PDL == 1:
+        gdc_launch_dependents()
+    gemv_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, eid_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr, pid_n, r, split,
+              R, N, K, E, stride_x, stride_xs, stride_we, KW, stride_se, KB, X_MODE, ROWS_PER_X, TILES_PER_SPLIT,
+              SPLIT_K, TOPK, BLOCK_N, BLOCK_K, HAS_EIDS, HAS_W, PREFETCH, USE_ASM, PDL == 2, PF_TILES)

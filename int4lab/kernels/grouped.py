@@ -19,12 +19,12 @@ an extra bucket E, whose tiles carry group E, and the kernels write NaN for thos
 is read with a bad index).
 
 Kernels (plan.kind): "dp4a" (grouped_dp4a.py, the table's choice below 4 rows per expert) and "mma"
-(grouped_mma.py, tensor cores, BM >= 4, the table's choice from 4). Grid order (plan.tile_major): N tiles first, or tiles
-first so that every tile of one N range runs at once and an expert's bytes come from DRAM about once
-whatever its number of tiles (the table's choice on the H200). Both kernels read activations as int8 codes
-in row order (row r uses x row r // rows_per_x, so the gate_up projection reads each token's codes without
-a gather copy), in the order plan.x_layout names ("eo" for dp4a, "k" for mma: the one each kernel uses as
-loaded), and finish split-K and the MoE combine in the same launch (epilogue.finish_rows).
+(grouped_mma.py, tensor cores, BM >= 4, the table's choice from 4). Grid order (plan.tile_major): N tiles
+first, or tiles first so that every tile of one N range runs at once and an expert's bytes come from DRAM
+about once whatever its number of tiles (the table's choice on the H200). Both kernels read activations as
+int8 codes in row order (row r uses x row r // rows_per_x, so the gate_up projection reads each token's
+codes without a gather copy) and finish split-K and the MoE combine in the same launch
+(epilogue.finish_rows).
 
 Bytes per call: the weights of every expert with a row, 0.5625 bytes per weight, read once per tile from
 L2 (an expert with more than BM rows has several tiles; tile-major, DRAM serves it about once), + L * (K +
@@ -44,7 +44,6 @@ from . import plan as _plan
 from .gemv import _workspace
 from .grouped_dp4a import grouped_dp4a_kernel
 from .grouped_mma import grouped_mma_kernel
-from .quant import LAYOUTS, codes_to_eo, codes_to_k
 
 MAX_ROUTED_ROWS = 8192          # one program sorts the rows: decode batches, not prefill
 
@@ -167,14 +166,12 @@ def build_group_tiles_ref(ids: torch.Tensor, E: int, block_m: int = 16) -> Group
 
 
 def gemm_int4_b32_grouped(xq, xs, packed, scales, tiles: GroupTiles, *, rows_per_x: int = 1, topk_w=None,
-                          out=None, split_k=None, plan=None, x_layout: str = "k"):
+                          out=None, split_k=None, plan=None):
     """Grouped W4A8 GEMV over the tiles of `build_group_tiles`: bf16 [L, N] (row r = x row r // rows_per_x
     times expert ids[r]), or, with topk_w float [L / A, A], bf16 [L / A, N] = the router-weighted sum of
     each token's A rows (each rounded to bf16 first; fixed order j = 0..A-1).
 
-    xq int8 [*, K] and xs float32 [*, K/32] (quant_x_rows / swiglu_quant_rows; rows may be strided), the
-    codes in `x_layout` order ("k" or "eo", quant.py; reordered here, one more launch, when the plan's kernel
-    reads the other);
+    xq int8 [*, K] and xs float32 [*, K/32] (quant_x_rows / swiglu_quant_rows; rows may be strided);
     packed uint8 [E, N, K/2], scales float16 [E, N, K/32]. Exact int32 dot per 32-block, float32 across
     blocks, one bf16 rounding (as gemv_int4_b32). `plan` (a GroupedPlan) overrides the table (whose row
     is taken with block_m = tiles.block_m); a plan's block_m must equal tiles.block_m. Legal under CUDA-graph
@@ -214,10 +211,6 @@ def gemm_int4_b32_grouped(xq, xs, packed, scales, tiles: GroupTiles, *, rows_per
          else _plan.grouped_plan(N, K, L, E, dev, split_k, block_m=tiles.block_m))
     if p.block_m != tiles.block_m:
         raise ValueError(f"plan.block_m ({p.block_m}) must equal tiles.block_m ({tiles.block_m})")
-    if x_layout not in LAYOUTS:
-        raise ValueError(f"x_layout must be one of {LAYOUTS}, got {x_layout!r}")
-    if x_layout != p.x_layout:
-        xq = codes_to_eo(xq) if p.x_layout == "eo" else codes_to_k(xq)
     T = tiles.row0.shape[0]
     if L == 0 or T == 0:
         return out

@@ -23,9 +23,6 @@ block). On the integer pipe that is 2 dp4a per 8 weights per live row plus one f
 an MMA is padded to 16 rows and its tile scales at least 4 (grouped_mma.py, the table's choice from 4 rows
 per expert: notes/perf.md, v15).
 
-x arrives in the "eo" code order (quant.py): the even-k and odd-k codes that meet a weight word's low and
-high nibbles are each four contiguous codes, loaded as stored.
-
 Numerics: the same integers, the same float32 products (ws * xs) * bsum in the same order, the same fold
 over the blocks (epilogue.fold_blocks) and the same split-K / combine finish as the routed GEMV, so with the
 same block_k and split_k the two give the same bits (tests/test_kernels.py checks it).
@@ -36,28 +33,9 @@ import triton
 import triton.language as tl
 
 from .epilogue import finish_rows, fold_blocks, grid_ids
-from .gemv_dp4a import _dp4a, expert_tile
+from .gemv_dp4a import _dp4a, expert_tile, x_words_from_codes
 
 MAX_BLOCK_M = 8          # rows unrolled per program (one accumulator each)
-
-
-@triton.jit
-def _x_words_eo(x_row, xs_row, t, KW, KB, BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr):
-    """Tile t of one row of "eo" codes (quant.py) -> (x_even, x_odd, -8 * word sums) int32 [1, BLOCK_W] and
-    scales [1, NB]. Weight word w = 4b + j (block b) meets x words 8b + j (its even k) and 8b + 4 + j (its odd
-    k): four contiguous words per block on each side, loaded as stored (16-byte loads, no byte shuffles)."""
-    BLOCK_W: tl.constexpr = BLOCK_K // 8
-    NB: tl.constexpr = BLOCK_K // 32
-    w_idx = t * BLOCK_W + tl.arange(0, BLOCK_W)
-    src = (w_idx // 4) * 8 + w_idx % 4
-    live = w_idx < KW
-    xe = tl.load(x_row + src, mask=live, other=0)[None, :]
-    xo = tl.load(x_row + src + 4, mask=live, other=0)[None, :]
-    eights = tl.full(xe.shape, 0x08080808, tl.int32)
-    negc = -_dp4a(eights, xe, _dp4a(eights, xo, tl.zeros_like(xe), USE_ASM), USE_ASM)
-    kb = t * NB + tl.arange(0, NB)
-    xs = tl.load(xs_row + kb, mask=kb < KB, other=0.0)[None, :]
-    return xe, xo, negc, xs
 
 
 @triton.jit
@@ -65,7 +43,8 @@ def _row_step(acc, lo, hi, wsf, x_row, xs_row, t, KW, KB, BLOCK_N: tl.constexpr,
               USE_ASM: tl.constexpr):
     """acc [BLOCK_N, NB] += one row's block dots of tile t, scaled: the routed GEMV's loop body."""
     NB: tl.constexpr = BLOCK_K // 32
-    xe, xo, negc, xs = _x_words_eo(x_row, xs_row, t, KW, KB, BLOCK_K, USE_ASM)
+    one = tl.zeros([1], tl.int64)
+    xe, xo, negc, xs = x_words_from_codes(x_row + one, xs_row + one, t, KW, KB, BLOCK_K, USE_ASM)
     d = _dp4a(lo, xe, tl.broadcast_to(negc, lo.shape), USE_ASM)
     d = _dp4a(hi, xo, d, USE_ASM)                                           # [BLOCK_N, BLOCK_W]
     bsum = tl.sum(tl.reshape(d, [BLOCK_N, NB, 4]), axis=2)                  # exact block sums
@@ -107,8 +86,7 @@ def grouped_dp4a_kernel(
     T), or (T, SPLIT_K, N tiles) when TILE_MAJOR: the tiles of one N range then run side by side and an
     expert with several tiles is read from DRAM about once, the others hitting L2).
 
-    x int8 codes [*, K] in "eo" order (quant.py) read as int32 words, xs float32 [*, K/32]; row r reads x
-    row r // ROWS_PER_X.
+    x int8 codes [*, K] read as int32 words, xs float32 [*, K/32]; row r reads x row r // ROWS_PER_X.
     w int32 words [E, N, K/8], ws float16 [E, N, K/32]. order int32 [L] (sorted position -> row), row0 /
     rows / group int32 [T] (grouped.GroupTiles); BLOCK_M <= MAX_BLOCK_M. KW = K / 8, KB = K / 32 and the
     expert strides arrive as arguments so Triton proves 16-byte alignment (gemv_dp4a.py says why). Output,

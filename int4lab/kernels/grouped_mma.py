@@ -50,10 +50,8 @@ def grouped_mma_kernel(
     """One program owns out[rows of tile, n0 : n0 + BLOCK_N] for K-split `split` (grid: (N tiles, SPLIT_K,
     T), or (T, SPLIT_K, N tiles) when TILE_MAJOR).
 
-    x int8 [*, K] in k order (the interleaved nibbles meet it as loaded; the "eo" order of quant.py costs this
-    kernel a permutation through shared memory, the compiler report says), xs float32 [*, K/32]; w uint8
-    [E, N, K/2] (even k low nibble), ws float16 [E, N, K/32]; KH = K / 2 bytes per weight row, KB = K / 32;
-    BLOCK_K a power of two >= 32.
+    x int8 [*, K], xs float32 [*, K/32]; w uint8 [E, N, K/2] (even k low nibble), ws float16 [E, N, K/32];
+    KH = K / 2 bytes per weight row, KB = K / 32; BLOCK_K a power of two >= 32.
     """
     pid_n, tile, split = grid_ids(TILE_MAJOR)
     NB: tl.constexpr = BLOCK_K // 32

@@ -52,12 +52,6 @@ class GroupedPlan:
     waves: float = 0.25          # target programs per SM when choosing split-K
     split_k: int | None = None   # None: chosen from `waves` by resolve_grouped
     kind: str = "dp4a"           # "dp4a": grouped_dp4a.py; "mma": grouped_mma.py (tensor cores)
-
-    @property
-    def x_layout(self) -> str:
-        """Order of the x codes the kernel reads (quant.py): "eo" for dp4a (x words meet the nibble words as
-        loaded), "k" for mma (its interleaved operand meets k order as loaded)."""
-        return "eo" if self.kind == "dp4a" else "k"
     tile_major: bool = False     # grid (tiles, splits, N tiles): an expert's tiles for one N range run together
 
 
@@ -111,6 +105,9 @@ MOE_GROUPED_FROM_MEAN_ROWS = {"sm90": 2.0, "sm80": 2.0, "interp": 2.0}
 # start during gate_up's tail, ask L2 for their first weight tiles, then wait; gemv_dp4a_kernel's PDL).
 # griddepcontrol is sm_90 PTX; the interpreter has no launches to overlap.
 MOE_PDL = {"sm90": True, "sm80": False, "interp": False}
+# Routed MoE step in one launch (moe_fused.py: down programs wait for their row of h) instead of two. Off
+# until an H200 probe shows it faster (notes/perf.md v17); the interpreter runs it in the tests.
+MOE_FUSED = {"sm90": False, "sm80": False, "interp": False}
 # Elementwise kernels (activation quantisation, SwiGLU, combine, reduce): columns per program.
 ROW_BLOCK = {"sm90": 1024, "sm80": 1024, "interp": 256}
 
@@ -232,6 +229,11 @@ def moe_grouped(tokens: int, top_k: int, experts: int, device) -> bool:
 def moe_pdl(device) -> bool:
     """Whether moe_decode_routed launches its down GEMV as a programmatic dependent of gate_up."""
     return MOE_PDL[generation(device)]
+
+
+def moe_fused(device) -> bool:
+    """Whether moe_decode_routed runs as one launch (moe_fused.py) rather than two GEMVs."""
+    return MOE_FUSED[generation(device)]
 
 
 def row_block(device) -> int:

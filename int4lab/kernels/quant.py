@@ -14,12 +14,6 @@ into an FMA, so the bits match the CPU reference. (Until the one-launch GEMV, q 
 
 The jit helpers here are shared by the quantise launches below and the GEMV prologues (gemv_dp4a.py).
 
-Code layouts (`layout`): "k", the codes in k order; "eo", within every 32-block the 16 codes of even k, then
-the 16 of odd k: the order of int4-b32's low, then high nibbles. Why "eo": a weight word's low nibbles
-(k = 8w, 8w+2, 8w+4, 8w+6) then meet four contiguous codes of x, so the grouped kernels load x as it is
-stored, with no byte shuffles and no shared-memory round trip (the k-order path was L1-bound: notes/perf.md,
-v12). Same codes, same scales, only their order within a block differs (`codes_to_eo`).
-
 Bytes per call (the floor): read R*K*2 (bf16), write R*K + R*K/32*4  ->  ~3.1 bytes per element.
 """
 from __future__ import annotations
@@ -30,8 +24,6 @@ import triton.language as tl
 
 from .._checks import FLOAT_DTYPES, check_devices, check_k, check_out, check_rows_contiguous, check_tensor, interpreting
 from . import plan as _plan
-
-LAYOUTS = ("k", "eo")       # orders of the codes within a 32-block (module doc)
 
 
 @triton.jit
@@ -67,11 +59,10 @@ def quant_rows_kernel(
     # Dimensions
     K, stride_xr,
     # Meta-parameters
-    BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, EO: tl.constexpr, USE_ASM: tl.constexpr,
+    BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     """x [R, K] (any float) -> q int8 [R, K], s float32 [R, K/32]; with SWIGLU, x is [R, 2K] (gate columns
-    first) and the codes are those of silu(gate) * up; with EO the codes are stored in "eo" order (module
-    doc). One program owns BLOCK_K columns of a row."""
+    first) and the codes are those of silu(gate) * up. One program owns BLOCK_K columns of a row."""
     r = tl.program_id(0)
     NB: tl.constexpr = BLOCK_K // 32
     kb = tl.program_id(1) * NB + tl.arange(0, NB)             # scale-block index  [NB]
@@ -81,35 +72,12 @@ def quant_rows_kernel(
     if SWIGLU:
         v = silu_mul(v, tl.load(x_ptr + r * stride_xr + K + offs, mask=mask, other=0.0).to(tl.float32))
     q, s = quant_blocks(v, USE_ASM)
-    if EO:
-        c = tl.arange(0, 32)[None, :]
-        dst = kb[:, None] * 32 + (c % 2) * 16 + c // 2           # even k first, then odd k
-    else:
-        dst = offs
-    tl.store(q_ptr + r * K + dst, q.to(tl.int8), mask=mask)
+    tl.store(q_ptr + r * K + offs, q.to(tl.int8), mask=mask)
     tl.store(s_ptr + r * (K // 32) + kb, s, mask=kb < K // 32)
 
 
-def _check_layout(layout):
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-
-
-def codes_to_eo(xq: torch.Tensor) -> torch.Tensor:
-    """int8 codes [R, K] in k order -> a new [R, K] tensor in "eo" order (module doc); any device."""
-    R, K = xq.shape
-    return xq.reshape(R, K // 32, 16, 2).transpose(2, 3).reshape(R, K).contiguous()
-
-
-def codes_to_k(xq: torch.Tensor) -> torch.Tensor:
-    """The inverse of codes_to_eo: "eo" order -> k order, a new [R, K] tensor."""
-    R, K = xq.shape
-    return xq.reshape(R, K // 32, 2, 16).transpose(2, 3).reshape(R, K).contiguous()
-
-
-def _quantise_rows(src, K: int, q, s, swiglu: bool, layout: str):
+def _quantise_rows(src, K: int, q, s, swiglu: bool):
     """Launch quant_rows_kernel over src's rows (K codes per row, from src [R, K] or [R, 2K] gate | up)."""
-    _check_layout(layout)
     check_rows_contiguous("x" if not swiglu else "h", src)
     dev = check_devices(**{"h" if swiglu else "x": src})
     R = src.shape[0]
@@ -118,27 +86,23 @@ def _quantise_rows(src, K: int, q, s, swiglu: bool, layout: str):
     bk = _plan.row_block(dev)
     if R:
         quant_rows_kernel[(R, triton.cdiv(K, bk))](src, q, s, K, src.stride(0), BLOCK_K=bk, SWIGLU=swiglu,
-                                                   EO=layout == "eo", USE_ASM=not interpreting())
+                                                   USE_ASM=not interpreting())
     return q, s
 
 
-def quant_x_rows(x: torch.Tensor, q: torch.Tensor | None = None, s: torch.Tensor | None = None, *,
-                 layout: str = "k"):
-    """x [R, K] fp32/fp16/bf16 -> (int8 [R, K], float32 [R, K/32]), bit-identical to quant_x_rows_ref
-    (layout "eo": its codes in "eo" order, codes_to_eo of the reference's).
+def quant_x_rows(x: torch.Tensor, q: torch.Tensor | None = None, s: torch.Tensor | None = None):
+    """x [R, K] fp32/fp16/bf16 -> (int8 [R, K], float32 [R, K/32]), bit-identical to quant_x_rows_ref.
 
     `q` and `s` may be preallocated (CUDA-graph capture). Finiteness is not checked (it would need a
     device sync); a NaN in a block gives that block NaN scale and undefined codes.
     """
     check_tensor("x", x, FLOAT_DTYPES, (2,))
     check_k("x.shape[-1] (K)", x.shape[-1])
-    return _quantise_rows(x, x.shape[1], q, s, swiglu=False, layout=layout)
+    return _quantise_rows(x, x.shape[1], q, s, swiglu=False)
 
 
-def swiglu_quant_rows(h: torch.Tensor, q: torch.Tensor | None = None, s: torch.Tensor | None = None, *,
-                      layout: str = "k"):
-    """h [R, 2I] bf16/fp16/fp32, gate columns first -> int8 [R, I], float32 [R, I/32] of silu(g) * u
-    (codes in `layout` order, as quant_x_rows).
+def swiglu_quant_rows(h: torch.Tensor, q: torch.Tensor | None = None, s: torch.Tensor | None = None):
+    """h [R, 2I] bf16/fp16/fp32, gate columns first -> int8 [R, I], float32 [R, I/32] of silu(g) * u.
 
     SwiGLU is computed in float32 as g / (1 + exp(-g)) * u, then quantised like quant_x_rows. The GPU's
     exp differs from torch's in the last bit, so codes match `swiglu_quant_rows_ref` to within one step.
@@ -147,7 +111,7 @@ def swiglu_quant_rows(h: torch.Tensor, q: torch.Tensor | None = None, s: torch.T
     if h.shape[-1] % 64:
         raise ValueError(f"h.shape[-1] (2I) must be a positive multiple of 64, got {h.shape[-1]}")
     check_k("h.shape[-1] / 2 (I)", h.shape[1] // 2)
-    return _quantise_rows(h, h.shape[1] // 2, q, s, swiglu=True, layout=layout)
+    return _quantise_rows(h, h.shape[1] // 2, q, s, swiglu=True)
 
 
 def swiglu_quant_rows_ref(h: torch.Tensor):

@@ -5,8 +5,9 @@ GEMV's determinism claim, checked on a GPU (and small enough to run under comput
     compute-sanitizer --tool memcheck python -m int4lab.tune.replay_check --small --replays 3 --out m.json
 
 Cases: a dense W4A8 GEMV per shape (table plan, and a forced split-K plan so the last-arriving finish
-runs), and a MoE step per model at 1 token (the routed path: gate_up + down with the fused combine) and
-at 8 tokens (the grouped path: routing tiles, grouped gate_up and down). Each case is captured
+runs), and a MoE step per model at 1 token (the routed path: gate_up + down with the fused combine; and
+the same step in one launch, moe_fused.py, whose down programs wait on gate_up's counters) and at 8 tokens
+(the grouped path: routing tiles, grouped gate_up and down). Each case is captured
 once, replayed `replays` times on fresh poison, and every replay must equal the eager call bit for bit.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 import torch
 
 from ..kernels import gemv as _gemv
-from ..kernels import int4_linear, moe_decode_step
+from ..kernels import int4_linear, moe_decode_routed, moe_decode_step
 from ..kernels.plan import gemv_plan
 from ..format import pack_int4_b32
 from ..receipts import provenance
@@ -75,6 +76,12 @@ def run(replays: int = 100, small: bool = False) -> dict:
             same = _replays_identical(lambda: moe_decode_step(x, ids, tw, *gu, *dn), replays)
             rows.append({"case": f"moe {name} T{T} (H {H}, I {I}, E {E}, top-{A})", "replays_identical": bool(same),
                          "counters_zero": _counters_zero()})
+            if T == 1:
+                one = _replays_identical(lambda: moe_decode_routed(x, ids, tw, *gu, *dn, fused=True), replays)
+                eq = torch.equal(moe_decode_routed(x, ids, tw, *gu, *dn, fused=True).view(torch.int16),
+                                 moe_decode_routed(x, ids, tw, *gu, *dn, fused=False).view(torch.int16))
+                rows.append({"case": f"moe {name} T1 one launch", "replays_identical": bool(one and eq),
+                             "same_bits_as_two_launches": bool(eq), "counters_zero": _counters_zero()})
     return {"replays": replays, "rows": rows, "all_pass": all(r["replays_identical"] and r["counters_zero"]
                                                                for r in rows)}
 

@@ -47,6 +47,9 @@ GROUPED_VARIANTS = [
     ("grouped mma bm16 bn64 bk32 w4 (one block per step)", "mma", 16, 64, 32, 4, 1, 1, False),
     ("grouped mma bm16 bn64 bk128 w4, combine", "mma", 16, 64, 128, 4, 1, 8, True)]
 
+# The one-launch MoE step: (label, block_n, block_k, num_warps, gate_up split, down split, top-k, rows first)
+FUSED_VARIANTS = [("moe one launch bn32 bk1024 w4, one token", 32, 1024, 4, 1, 1, 8, False)]
+
 
 def _tool(name):
     import triton
@@ -112,6 +115,28 @@ def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, tile_major, arch=90):
                                                                        "num_stages": 2 if dp4a else 3})
 
 
+def compile_fused(bn, bk, nw, gu_split, dn_split, topk, rows_first, arch=90):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ..kernels.moe_fused import moe_fused_kernel
+    sig = {"x_ptr": "*bf16", "gu_w": "*i32", "gu_s": "*fp16", "dn_w": "*i32", "dn_s": "*fp16", "eid_ptr": "*i32",
+           "tw_ptr": "*fp32", "h_ptr": "*bf16", "out_ptr": "*bf16", "gu_part": "*fp32", "gu_cnt": "*i32",
+           "dn_part": "*fp32", "dn_cnt": "*i32", "sync_ptr": "*i32", "L": "i32", "H": "i32", "I": "i32", "E": "i32",
+           "stride_x": "i32", "gu_we": "i32", "gu_kw": "i32", "gu_se": "i32", "gu_kb": "i32", "dn_we": "i32",
+           "dn_kw": "i32", "dn_se": "i32", "dn_kb": "i32"}
+    cst = {"TOPK": topk, "GU_TILES_PER_SPLIT": 2, "GU_SPLIT": gu_split, "DN_TILES_PER_SPLIT": 1,
+           "DN_SPLIT": dn_split, "BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": False, "USE_ASM": True,
+           "ROWS_FIRST": rows_first, "RESET_BLOCK": 8}
+    sig.update({k: "constexpr" for k in cst})
+    names = list(sig)
+    aligned = [k for k, t in sig.items() if t.startswith("*")] + ["H", "I", "stride_x"] + names[19:27]
+    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in aligned}
+    return triton.compile(ASTSource(fn=moe_fused_kernel, signature=sig, constexprs=cst, attrs=attrs),
+                          target=GPUTarget("cuda", arch, 32), options={"num_warps": nw, "num_stages": 2})
+
+
 def report(kernel, arch=90) -> dict:
     with tempfile.TemporaryDirectory() as d:
         ptx, cubin = Path(d) / "k.ptx", Path(d) / "k.cubin"
@@ -144,6 +169,7 @@ def main(argv=None) -> int:
     rows = []
     todo = [(label, compile_variant, cfg) for label, *cfg in VARIANTS]
     todo += [(label, compile_grouped, cfg) for label, *cfg in GROUPED_VARIANTS]
+    todo += [(label, compile_fused, cfg) for label, *cfg in FUSED_VARIANTS]
     for label, build, cfg in todo:
         r = {"variant": label, **report(build(*cfg, arch=args.arch), args.arch)}
         rows.append(r)

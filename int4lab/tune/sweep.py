@@ -296,8 +296,10 @@ def grouped_variants(L: int, E: int, K_min: int, mma_only: bool = False):
     return out
 
 
-def sweep_grouped(model, tokens, dev, rows, deadline, l2=60 * 2**20, replays=REPLAYS, mma_only=False):
-    """Time the routed path and grouped variants for one (model, tokens): the bench's routing, random bytes."""
+def sweep_grouped(model, tokens, dev, rows, deadline, l2=60 * 2**20, replays=REPLAYS, mma_only=False,
+                  fused_only=False):
+    """Time the routed path and grouped variants for one (model, tokens): the bench's routing, random bytes.
+    fused_only: the routed path in two launches (the table's) and in one (moe_fused.py), no grouped variant."""
     from ..bench.peers import n_active, routing
     m = MODELS[model]
     E, A, H, I = m.n_experts, m.top_k, m.hidden, m.intermediate
@@ -316,7 +318,15 @@ def sweep_grouped(model, tokens, dev, rows, deadline, l2=60 * 2**20, replays=REP
            "copies": copies, "mean_rows_per_expert": L / min(E, L), "us": {}}
     row["us"]["routed"] = time_copies(lambda i: moe_decode_routed(x, ids, tw, *w[i]), copies, replays)
     ref = moe_decode_routed(x, ids, tw, *w[0]).float()
-    for label, p in grouped_variants(L, E, min(H, I), mma_only):
+    if fused_only:
+        row["us"]["routed_two_launches"] = time_copies(lambda i: moe_decode_routed(x, ids, tw, *w[i], fused=False),
+                                                       copies, replays)
+        row["us"]["routed_one_launch"] = time_copies(lambda i: moe_decode_routed(x, ids, tw, *w[i], fused=True),
+                                                     copies, replays)
+        one = moe_decode_routed(x, ids, tw, *w[0], fused=True)
+        two = moe_decode_routed(x, ids, tw, *w[0], fused=False)
+        row["one_launch_same_bits"] = bool(torch.equal(one.view(torch.int16), two.view(torch.int16)))
+    for label, p in () if fused_only else grouped_variants(L, E, min(H, I), mma_only):
         if time.time() > deadline:
             row["truncated"] = True
             break
@@ -370,6 +380,10 @@ def main(argv=None) -> int:
     ap.add_argument("--with-splits", action="store_true", help="--probe: also the big-shape split sweep")
     ap.add_argument("--with-codes", action="store_true",
                     help="--probe: also where the one-launch GEMV's time goes (x quantised inside vs codes)")
+    ap.add_argument("--with-fused", action="store_true",
+                    help="--probe: the routed MoE step in one launch against two, at --fused-tokens")
+    ap.add_argument("--fused-tokens", type=int, nargs="*", default=(1, 2, 4, 8),
+                    help="--with-fused: decode batches to time")
     ap.add_argument("--tokens", type=int, nargs="*", default=None,
                     help=f"--grouped: decode batches to time (default {GROUPED_TOKENS})")
     args = ap.parse_args(argv)
@@ -382,11 +396,18 @@ def main(argv=None) -> int:
     deadline = time.time() + args.budget_s
     dense, moe = [], []
     if args.probe:
-        command = COMMAND + " --probe" + "".join(f" --with-{k}" for k in ("moe", "codes", "splits")
+        command = COMMAND + " --probe" + "".join(f" --with-{k}" for k in ("moe", "codes", "splits", "fused")
                                                  if getattr(args, f"with_{k}"))
         splits, moe1, grouped = [], [], []
         payload = {"method": f"int4lab.bench.timing, median of {args.replays} replays; random weight bytes",
                    "l2_bytes": l2, "splits": splits, "moe": moe1, "grouped": grouped}
+        if args.with_fused:
+            payload["fused"] = fused = []
+            for T in args.fused_tokens:
+                for model in MODELS:
+                    sweep_grouped(model, T, dev, fused, deadline + 600, l2=l2, replays=args.replays,
+                                  fused_only=True)
+                    write_receipt(args.out, payload, command=command)
         for model in MODELS if args.with_moe else ():
             sweep_moe(model, dev, moe1, replays=args.replays)
             write_receipt(args.out, payload, command=command)
