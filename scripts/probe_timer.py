@@ -19,7 +19,8 @@ cases["28672x8192 bf16"] = peers.prep_gemv("bf16", W, x, 2).calls
 del W
 W = peers.weights(14336, 4096, gen); x = torch.randn(1, 4096, generator=gen, device="cuda").bfloat16()
 cases["14336x4096 int4"] = peers.prep_gemv("int4_b32", W, x, 8).calls
-cases["4096x14336 int4"] = peers.prep_gemv("int4_b32", W.reshape(4096, 14336).contiguous(), torch.randn(1, 14336, generator=gen, device="cuda").bfloat16(), 8).calls
+x_long = torch.randn(1, 14336, generator=gen, device="cuda").bfloat16()
+cases["4096x14336 int4"] = peers.prep_gemv("int4_b32", W.reshape(4096, 14336).contiguous(), x_long, 8).calls
 del W
 for nb, c in ((132194304, 2), (33067008, 8), (198197248, 2)):
     pool = torch.empty(c, nb, dtype=torch.uint8, device="cuda")
@@ -27,7 +28,8 @@ for nb, c in ((132194304, 2), (33067008, 8), (198197248, 2)):
 for mname in ("mixtral", "qwen3"):
     m = MODELS[mname]
     inp = peers.moe_inputs(m, 1, gen)
-    c = timing.copies_for(2 * peers.expert_bytes("int4_b32_moe", m) if mname == "mixtral" else 8 * peers.expert_bytes("int4_b32_moe", m), l2)
+    routed = 2 if mname == "mixtral" else 8                     # experts one token reads (top-k)
+    c = timing.copies_for(routed * peers.expert_bytes("int4_b32_moe", m), l2)
     cases[f"{mname} moe1 int4 x{c}"] = peers.prep_moe("int4_b32_moe", m, inp, c).calls
 # host cost of one replay of a 2-call graph
 g = torch.cuda.CUDAGraph()

@@ -174,7 +174,8 @@ def run(*, quick: bool = False, only=None, replays: int | None = None, seed: int
     print(f"device copy: {copy['GBps']:.0f} GB/s (read + write), L2 {l2 / 2**20:.0f} MiB", flush=True)
     payload = {"method": {"timing": "CUDA graph of one call per weight copy; a sample is back-to-back replays "
                                     "making >= min_calls calls, its time / calls; median of `replays` samples",
-                          "min_calls": timing.MIN_CALLS, "replays": replays, "rotation": "copies until the bytes of one cycle exceed 4x L2",
+                          "min_calls": timing.MIN_CALLS, "replays": replays,
+                          "rotation": "copies until the bytes of one cycle exceed 4x L2",
                           "floor": "read-only Triton kernel over the row's int4-b32 bytes (MoE: unique routed "
                                    "experts), best of " + ", ".join(map(floor.label, floor.FLOOR_CONFIGS)) +
                                    ", same timer",
