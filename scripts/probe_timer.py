@@ -2,7 +2,7 @@
 rows with 1-2 weight copies? Each case timed with 1, 16 and 64 calls per sample, twice, in one process.
 On the GPU machine: PYTHONPATH=$PWD python3 scripts/probe_timer.py $OUT  (writes timer_probe.json;
 data/receipts/probe_timer_h200.json holds its runs)."""
-import json, sys, time, subprocess, os
+import json, sys, time, subprocess
 import torch
 from int4lab.bench import timing, floor, peers
 from int4lab.shapes import MODELS

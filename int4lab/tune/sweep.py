@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from ..bench.traffic import gemv_bytes
 from ..kernels.gemv import int4_linear
 from ..kernels.moe import moe_decode_grouped, moe_decode_routed
 from ..kernels.plan import MAX_SPLIT_K, MMA_PLAN, GemvPlan, GroupedPlan, gemv_plan, grouped_plan, num_sms
-from ..receipts import write_receipt
+from ..receipts import portable_command, write_receipt
 from ..shapes import MODELS, all_shapes, by_priority
 
 REPLAYS = 30
@@ -396,8 +397,8 @@ def main(argv=None) -> int:
     deadline = time.time() + args.budget_s
     dense, moe = [], []
     if args.probe:
-        command = COMMAND + " --probe" + "".join(f" --with-{k}" for k in ("moe", "codes", "splits", "fused")
-                                                 if getattr(args, f"with_{k}"))
+        # the whole command line (token lists included), with the output's directory elided
+        command = portable_command(" ".join([COMMAND, *(sys.argv[1:] if argv is None else argv)]))
         splits, moe1, grouped = [], [], []
         payload = {"method": f"int4lab.bench.timing, median of {args.replays} replays; random weight bytes",
                    "l2_bytes": l2, "splits": splits, "moe": moe1, "grouped": grouped}
