@@ -298,7 +298,9 @@ def render(rec, anchors=()) -> str:
         f"({p.get('device')}, torch {p.get('torch')}, triton {p.get('triton')}, commit `{p.get('commit')}`, "
         f"{p.get('date')}; `{portable_command(p.get('command'))}`). µs per call, median of "
         + ("samples of at least 16 calls (CUDA-graph replays back to back)" if rec.get("method", {}).get("min_calls")
-           else "single CUDA-graph replays") +
+           else "single CUDA-graph replays")
+        + (", each queued behind a GPU busy-wait so that no host delay lands inside it"
+           if rec.get("method", {}).get("prefill_cycles") else "") +
         f", weights rotated beyond L2. Read floor: a kernel that only reads the row's int4-b32 bytes (MoE: the "
         f"unique routed experts'), best of a few launch configurations, timed the same way in the same run; "
         f"a peer's cell gives its µs and (peer / int4_b32)."

@@ -116,9 +116,20 @@ def test_time_calls_refuses_bad_arguments():
     """Checked before any CUDA call, so this runs anywhere."""
     with pytest.raises(ValueError, match="calls must hold at least one callable"):
         timing.time_calls([])
-    for bad in (0, -3, 2.5):
+    for bad in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="min_calls must be a positive int"):
             timing.time_calls([lambda: None], min_calls=bad)
+    for bad in (-1, 0.5, False):
+        with pytest.raises(ValueError, match="prefill_cycles must be an int >= 0"):
+            timing.time_calls([lambda: None], prefill_cycles=bad)
+
+
+def test_summarise_carries_late_samples():
+    s = timing.Samples([3.0, 1.0, 2.0, 4.0, 5.0])
+    s.late = 2
+    out = timing.summarise(s)
+    assert out["us"] == 3.0 and out["late"] == 2 and out["replays"] == 5
+    assert "late" not in timing.summarise([3.0, 1.0, 2.0])
 
 
 # ---- receipt schema ------------------------------------------------------------------------------------
@@ -136,8 +147,8 @@ def _receipt(rows, skipped=(), **extra):
 
 
 def test_validate_accepts_a_good_receipt_with_and_without_floor():
-    bench.validate_receipt(_receipt([_row(), _row(impl="bf16", us=4.0)], [{"impl": "gemlite", "reason": "absent"}],
-                                    copy={"GBps": 3000.0}))
+    bench.validate_receipt(_receipt([_row(), _row(impl="bf16", us=4.0, replays=20, late=0)],
+                                    [{"impl": "gemlite", "reason": "absent"}], copy={"GBps": 3000.0}))
     with_floor = [_row(floor_us=2.5, floor_bytes=1_000_000), _row(impl="bf16", us=4.0, floor_us=2.5,
                                                                   floor_bytes=1_000_000)]
     bench.validate_receipt(_receipt(with_floor, floor=[{"bytes": 1_000_000, "us": 2.5, "cfg": "B512_I8_w4"}]))
@@ -157,6 +168,9 @@ def test_validate_accepts_a_good_receipt_with_and_without_floor():
     ({"floor_us": 2.0, "floor_bytes": 2.5}, "floor_bytes must be a positive int"),
     ({"floor_us": 2.0}, "floor_us and floor_bytes come together"),
     ({"n_active": 0}, "n_active must be a positive int"),
+    ({"late": -1}, "late must be an int in"),
+    ({"late": 21, "replays": 20}, "late must be an int in"),
+    ({"late": 1.0}, "late must be an int in"),
 ])
 def test_validate_rejects_bad_rows(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -546,7 +560,9 @@ def fake_timer(monkeypatch):
 
     def fake(calls, replays=20, warmup=3):
         seen.append(len(calls))
-        return [2.0] * (replays - 1) + [4.0]
+        out = timing.Samples([2.0] * (replays - 1) + [4.0])
+        out.late = 1
+        return out
     monkeypatch.setattr(timing, "time_calls", fake)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     return seen
@@ -566,7 +582,7 @@ def test_bench_gemv_rows_and_skips(fake_timer):
     assert got | {s["impl"] for s in skipped} == set(bench.GEMV_IMPLS)   # nothing silently dropped
     assert all(s["reason"] for s in skipped)
     for r in rows:
-        assert r["us"] == 2.0 and r["GBps"] == r["bytes"] / 2e3
+        assert r["us"] == 2.0 and r["GBps"] == r["bytes"] / 2e3 and r["late"] == 1
         assert r["copies"] * (r["bytes"] - 2 * (64 + 128)) > 4 * l2
         assert r["rel_err"] <= 2 ** -6
         assert r["floor_us"] == 1.5 and r["floor_bytes"] == bench.gemv_bytes("int4_b32", 64, 128)

@@ -77,8 +77,8 @@ def bench_gemv(shape: Shape, impls, *, replays: int, l2: int, gen, floor_of=None
         rows.append(_with_floor({"model": shape.model, "layer": shape.layer, "N": N, "K": K, "E": 1, "topk": 1,
                                  "rows": 1, "impl": impl, "us": s["us"], "GBps": nbytes / (s["us"] * 1e3),
                                  "bytes": nbytes, "bytes_formula": formula, "p10_us": s["p10_us"],
-                                 "p90_us": s["p90_us"], "replays": s["replays"], "copies": copies, "rel_err": err,
-                                 "setup_s": setup_s}, fl))
+                                 "p90_us": s["p90_us"], "replays": s["replays"], "late": s["late"], "copies": copies,
+                                 "rel_err": err, "setup_s": setup_s}, fl))
         print(f"  {shape.model:8s} {shape.layer:22s} {N:6d}x{K:<6d} {impl:14s} {s['us']:8.2f} us "
               f"{rows[-1]['GBps']:7.0f} GB/s  (x{copies} copies, err {err:.1e})", flush=True)
     return rows, skipped
@@ -107,7 +107,7 @@ def bench_moe(m: MoEModel, impl: str, rows: int, *, replays: int, l2: int, gen, 
     row = {"model": m.name, "layer": "moe", "N": m.intermediate, "K": m.hidden, "E": m.n_experts,
            "topk": m.top_k, "rows": rows, "impl": impl, "us": s["us"], "GBps": nbytes / (s["us"] * 1e3),
            "bytes": nbytes, "n_active": active, "p10_us": s["p10_us"], "p90_us": s["p90_us"],
-           "replays": s["replays"], "copies": copies, "rel_err": err, "setup_s": setup_s}
+           "replays": s["replays"], "late": s["late"], "copies": copies, "rel_err": err, "setup_s": setup_s}
     print(f"  {m.name:8s} moe R={rows:<3d} {impl:18s} {s['us']:8.2f} us {row['GBps']:7.0f} GB/s "
           f"(x{copies} copies, {active} experts, err {err:.1e})", flush=True)
     return [_with_floor(row, fl)], []
@@ -173,8 +173,10 @@ def run(*, quick: bool = False, only=None, replays: int | None = None, seed: int
     copy = timing.copy_bandwidth(replays=replays)
     print(f"device copy: {copy['GBps']:.0f} GB/s (read + write), L2 {l2 / 2**20:.0f} MiB", flush=True)
     payload = {"method": {"timing": "CUDA graph of one call per weight copy; a sample is back-to-back replays "
-                                    "making >= min_calls calls, its time / calls; median of `replays` samples",
-                          "min_calls": timing.MIN_CALLS, "replays": replays,
+                                    "making >= min_calls calls, its time / calls, queued behind a GPU busy-wait of "
+                                    "prefill_cycles; median of `replays` samples",
+                          "min_calls": timing.MIN_CALLS, "prefill_cycles": timing.PREFILL_CYCLES,
+                          "replays": replays,
                           "rotation": "copies until the bytes of one cycle exceed 4x L2",
                           "floor": "read-only Triton kernel over the row's int4-b32 bytes (MoE: unique routed "
                                    "experts), best of " + ", ".join(map(floor.label, floor.FLOOR_CONFIGS)) +

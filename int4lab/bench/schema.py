@@ -4,9 +4,10 @@ writing and the report runs after reading (`data/receipts/decode_h200.json`).
 Shape legend: E = experts, N = out features, K = in features, R = rows (tokens); MoE rows carry N = I
 (one expert's intermediate width), K = H (hidden), layer "moe".
 
-A row: model, layer, N, K, E, topk, rows, impl, us, GBps (required); bytes, p10_us, p90_us, replays, copies,
-rel_err, setup_s, n_active (MoE) and floor_us / floor_bytes (the read floor of the row's int4-b32 bytes,
-measured in the same run; receipts from before the floor lack them) are optional but checked when present.
+A row: model, layer, N, K, E, topk, rows, impl, us, GBps (required); bytes, p10_us, p90_us, replays, late
+(samples the host queued too late for the timer's prefill, bench.timing), copies, rel_err, setup_s, n_active
+(MoE) and floor_us / floor_bytes (the read floor of the row's int4-b32 bytes, measured in the same run;
+receipts from before the floor lack them) are optional but checked when present.
 """
 from __future__ import annotations
 
@@ -54,6 +55,9 @@ def validate_row(row: dict) -> None:
     for k in ("floor_bytes", "bytes", "n_active"):
         if k in row and not _positive_int(row[k]):
             raise ValueError(f"row {k} must be a positive int, got {row[k]!r}")
+    if "late" in row and not (isinstance(row["late"], int) and not isinstance(row["late"], bool)
+                              and 0 <= row["late"] <= row.get("replays", row["late"])):
+        raise ValueError(f"row late must be an int in [0, replays], got {row['late']!r}")
     if ("floor_us" in row) != ("floor_bytes" in row):
         raise ValueError(f"row floor_us and floor_bytes come together, got {sorted(set(row) & {'floor_us', 'floor_bytes'})}")
 

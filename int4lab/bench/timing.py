@@ -10,7 +10,12 @@ Method (what one `us` means):
     `replays` samples after `warmup` replays, `p10_us`/`p90_us` the spread (`summarise`). Why several replays
     per sample: the start event fires at once on an idle stream, then the GPU waits for the host to launch
     the graph; with one replay of a graph of 1-2 big calls that host latency lands on every call (rows over
-    60 MB have 1-2 copies). Back to back, the next replay is launched while the GPU runs the previous one.
+    60 MB have 1-2 copies). Back to back, the next replay is launched while the GPU runs the previous one;
+  * before each sample's start event the stream runs a one-thread busy-wait of `PREFILL_CYCLES` GPU cycles
+    (`torch.cuda._sleep`, ~0.2 ms), so the host has queued the start event and the first replay before the
+    GPU reaches them (the "blocking kernel" of NVIDIA's nvbench): a host stall in that window (a thread
+    switch, the GIL) no longer lands inside the sample. A sample whose start event had already fired when
+    its first replay was queued is counted in `late` (`summarise`); the bench records it per row.
 """
 from __future__ import annotations
 
@@ -33,15 +38,25 @@ def copies_for(bytes_per_call: int, l2: int, factor: int = 4, cap: int = 1024) -
 
 
 MIN_CALLS = 16          # calls per timed sample (module doc)
+PREFILL_CYCLES = 400_000        # GPU busy-wait before a sample: ~0.2 ms at the H200's 1.98 GHz (module doc)
 
 
-def time_calls(calls, replays: int = 20, warmup: int = 3, min_calls: int = MIN_CALLS) -> list[float]:
+class Samples(list):
+    """Per-call us of each sample, plus `late`: samples whose start event fired before their first replay
+    was queued (the host fell behind the prefill, so a launch gap may be inside the sample)."""
+    late: int = 0
+
+
+def time_calls(calls, replays: int = 20, warmup: int = 3, min_calls: int = MIN_CALLS,
+               prefill_cycles: int = PREFILL_CYCLES) -> Samples:
     """Capture one CUDA graph making every call in `calls` once, in order; return per-call us of each sample
-    (ceil(min_calls / len(calls)) replays back to back)."""
+    (ceil(min_calls / len(calls)) replays back to back, after a prefill of `prefill_cycles`; 0 = none)."""
     if not calls:
         raise ValueError("calls must hold at least one callable")
-    if not isinstance(min_calls, int) or min_calls < 1:
+    if not isinstance(min_calls, int) or isinstance(min_calls, bool) or min_calls < 1:
         raise ValueError(f"min_calls must be a positive int, got {min_calls!r}")
+    if not isinstance(prefill_cycles, int) or isinstance(prefill_cycles, bool) or prefill_cycles < 0:
+        raise ValueError(f"prefill_cycles must be an int >= 0, got {prefill_cycles!r}")
     per = -(-min_calls // len(calls))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -58,10 +73,14 @@ def time_calls(calls, replays: int = 20, warmup: int = 3, min_calls: int = MIN_C
         graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = []
+    out = Samples()
     for _ in range(replays):
+        if prefill_cycles:
+            torch.cuda._sleep(prefill_cycles)
         start.record()
-        for _ in range(per):
+        graph.replay()
+        out.late += bool(prefill_cycles) and start.query()      # the GPU got here before the host did
+        for _ in range(per - 1):
             graph.replay()
         end.record()
         end.synchronize()
@@ -71,9 +90,12 @@ def time_calls(calls, replays: int = 20, warmup: int = 3, min_calls: int = MIN_C
 
 
 def summarise(samples: list[float]) -> dict:
-    """Median and 10th / 90th percentiles of per-call microseconds."""
+    """Median and 10th / 90th percentiles of per-call microseconds (and `late`, when the samples carry it)."""
     q = statistics.quantiles(samples, n=10)
-    return {"us": statistics.median(samples), "p10_us": q[0], "p90_us": q[-1], "replays": len(samples)}
+    out = {"us": statistics.median(samples), "p10_us": q[0], "p90_us": q[-1], "replays": len(samples)}
+    if isinstance(samples, Samples):
+        out["late"] = samples.late
+    return out
 
 
 def copy_bandwidth(nbytes: int = 2 * 2**30, replays: int = 20) -> dict:

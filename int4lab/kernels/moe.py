@@ -186,7 +186,8 @@ def _moe_fused(x, eids, topk_w, gu_p, gu_s, dn_p, dn_s, p_gu, p_dn, rows_first):
         2 * I * H // 8, H // 8, 2 * I * H // 32, H // 32, H * I // 8, I // 8, H * I // 32, I // 32,
         TOPK=A, GU_TILES_PER_SPLIT=triton.cdiv(triton.cdiv(H, bk), sk_gu), GU_SPLIT=sk_gu,
         DN_TILES_PER_SPLIT=triton.cdiv(triton.cdiv(I, bk), sk_dn), DN_SPLIT=sk_dn, BLOCK_N=bn, BLOCK_K=bk,
-        PREFETCH=p_gu.prefetch, USE_ASM=not interpreting(), ROWS_FIRST=rows_first, RESET_BLOCK=triton.next_power_of_2(L),
+        PREFETCH=p_gu.prefetch, USE_ASM=not interpreting(), ROWS_FIRST=rows_first,
+        RESET_BLOCK=triton.next_power_of_2(L),
         num_warps=p_gu.num_warps, num_stages=p_gu.num_stages)
     return out
 

@@ -7,12 +7,17 @@ Why: two launches (moe.moe_decode_routed) leave a gap: the down GEMV starts only
 grid has finished, so the SMs idle in gate_up's last, partial wave and in down's ramp (PDL hides part of it).
 Here one grid holds both GEMVs' programs, and a down program waits only for ITS row of h.
 
+Measured on the H200 (notes/perf.md v17, v17b): never faster than the two launches (Mixtral equal, OLMoE and
+Qwen3 1.3-1.7x slower: a waiting down program holds its SM slot), so plan.MOE_FUSED is off everywhere; the
+kernel stays, tested, as the measured answer to the one-launch question.
+
 Tickets (why this cannot deadlock). Program p's role is not its program id but a ticket, taken with an
 atomic add when it starts (`_role`: for one token row by row, a row's gate_up tickets then its down
-tickets; for several tokens every gate_up ticket first, each GEMV in the routed grid's order). A down program
-waits on ready[row] until all SK_gu * NT_gu gate_up programs of its row have written their part of h; those programs hold lower tickets, so each has already started
-on some SM, and a started gate_up program never waits: every wait ends, whatever order the hardware
-schedules the programs in or how many fit at once.
+tickets; for several tokens every gate_up ticket first, each GEMV in the routed grid's order). A down
+program waits on ready[row] until all SK_gu * NT_gu gate_up programs of its row have written their part of
+h; those programs hold lower tickets, so each has already started on some SM, and a started gate_up
+program never waits: every wait ends, whatever order the hardware schedules the programs in or how many fit
+at once.
 
 Memory order: a gate_up program writes its h tile (or, split, its partial and maybe the finished tile),
 then a CTA barrier and one release add on ready[row] (the same pattern as epilogue.finish_rows); the
