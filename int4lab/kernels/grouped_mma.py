@@ -5,12 +5,15 @@ NB = 32-blocks per loop step (BLOCK_K / 32).
 
 Same contract as grouped_dp4a.py (tiles from grouped.build_group_tiles, rows gathered through `order`,
 epilogue.finish_rows for split-K and the MoE combine); only the block dot differs. Each loop step loads
-NB blocks of the tile's BM rows (BM >= 4; below 16 the compiler pads the MMA, and the float32 scaling
-below, the costly part, still covers only BM rows) and of the expert's [BLOCK_N, 32 * NB] codes and
-multiplies them as one batched dot, [NB, BM, 32] x [NB, 32, BLOCK_N] -> [NB, BM, BLOCK_N], exact in
-int32 per block. Why batched: the W4A8 format scales every 32-block on both sides, so the block sums
-cannot share one int32 accumulator; a batch of NB blocks per step puts NB times more bytes in flight than
-one block per step (the first version, latency-bound: notes/perf.md).
+NB blocks of the tile's BM rows (BM >= 4) and of the expert's [BLOCK_N, 32 * NB] codes and multiplies
+them as one batched dot with the weights on the MMA's M side, [NB, BLOCK_N, 32] x [NB, 32, BM] ->
+[NB, BLOCK_N, BM], exact in int32 per block. Why batched: the W4A8 format scales every 32-block on both
+sides, so the block sums cannot share one int32 accumulator; a batch of NB blocks per step puts NB times
+more bytes in flight than one block per step (the first version, latency-bound: notes/perf.md). Why the
+weights on the M side (mma.sync m16n8k32): the tile's few rows then fill the N side (8 wide) instead of
+a padded M of 16, and the compiler stops copying the activation fragment before every MMA (the MMA's
+output took its registers): at bm16 bn64 bk128 the loop is 271 SASS instructions per step instead of 292,
+at bm8 204 instead of 232 (compiler report, notes/perf.md v18).
 
 Numerics: each block sum is scaled as d * (ws * xs) and accumulated per block column across the K steps,
 and the NB columns are folded once at the end by epilogue.fold_blocks: the grouped dp4a kernel's order,
@@ -73,7 +76,7 @@ def grouped_mma_kernel(
         as_rows = xs_ptr + xr[None, :] * stride_xs                                                # [1, BM]
         w_rows = w_ptr + e * stride_we + offs_n[None, :, None].to(tl.int64) * KH + offs_h[None, None, :]
         s_rows = ws_ptr + e * stride_se + offs_n[None, :].to(tl.int64) * KB                       # [1, BN]
-        acc = tl.zeros([NB, BLOCK_M, BLOCK_N], dtype=tl.float32)   # per block column, folded after the loop
+        acc = tl.zeros([NB, BLOCK_N, BLOCK_M], dtype=tl.float32)   # per block column, folded after the loop
         for i in range(0, TILES_PER_SPLIT):
             kb = (split * TILES_PER_SPLIT + i) * NB + offs_b                                      # [NB]
             live = kb < KB
@@ -83,9 +86,9 @@ def grouped_mma_kernel(
             lo = _codes(wb, 0, USE_ASM)                                     # [NB, BN, 16] codes of even k
             hi = _codes(wb, 4, USE_ASM)                                     # [NB, BN, 16] codes of odd k
             w = tl.interleave(lo, hi)                                       # [NB, BN, 32] codes in k order
-            d = tl.dot(a, tl.permute(w, (0, 2, 1)), out_dtype=tl.int32)     # exact block sums [NB, BM, BN]
+            d = tl.dot(w, tl.permute(a, (0, 2, 1)), out_dtype=tl.int32)     # exact block sums [NB, BN, BM]
             wsc = tl.load(s_rows + kb[:, None], mask=live[:, None] & n_mask[None, :], other=0.0).to(tl.float32)
-            acc += d.to(tl.float32) * (wsc[:, None, :] * asc[:, :, None])
-        y = fold_blocks(tl.reshape(tl.permute(acc, (1, 2, 0)), [BLOCK_M * BLOCK_N, NB]), BLOCK_M * BLOCK_N, NB)
+            acc += d.to(tl.float32) * (wsc[:, :, None] * asc[:, None, :])
+        y = fold_blocks(tl.reshape(tl.permute(acc, (2, 1, 0)), [BLOCK_M * BLOCK_N, NB]), BLOCK_M * BLOCK_N, NB)
         finish_rows(tl.reshape(y, [BLOCK_M, BLOCK_N]), valid, r, m_mask, out_ptr, part_ptr, cnt_ptr, tw_ptr,
                     split, L, N, pid_n, tl.cdiv(N, BLOCK_N), offs_n, n_mask, SPLIT_K, TOPK, HAS_W)
