@@ -485,6 +485,23 @@ def test_moe_decode_step_dispatch(device, monkeypatch):
         assert [plan_mod.moe_grouped(T, 8, 128, "cpu") for T in (1, 16, 32)] == [False, False, True]
 
 
+def test_grouped_table_rule(monkeypatch):
+    """The H200 grouped table on the bench's models (notes/perf.md v18): dp4a rows below 4 mean rows, then
+    tensor-core tiles of 8 / 16 / 32 rows, 16 from 4 mean rows for experts of >= 32 M weights (Mixtral)."""
+    monkeypatch.setattr(plan_mod, "generation", lambda _: "sm90")
+    monkeypatch.setattr(plan_mod, "num_sms", lambda _: 132)
+
+    def height(N, K, T, A, E):
+        p = plan_mod.grouped_plan(N, K, T * A, E, "cpu")
+        return p.kind, p.block_m
+    mixtral_gu, olmoe_gu = (28672, 4096), (2048, 2048)
+    assert [height(*mixtral_gu, T, 2, 8) for T in (8, 16, 32, 64)] == [("dp4a", 1), ("mma", 16), ("mma", 16),
+                                                                         ("mma", 32)]
+    assert [height(4096, 14336, T, 2, 8) for T in (16, 32)] == [("mma", 16), ("mma", 16)]    # down: same tiles
+    assert [height(*olmoe_gu, T, 8, 64) for T in (16, 32, 64, 128)] == [("dp4a", 1), ("mma", 8), ("mma", 16),
+                                                                         ("mma", 32)]
+
+
 def test_combine_rows_order(device):
     T, A, H = 2, 3, 50
     y = torch.randn(T * A, H).bfloat16().to(device)

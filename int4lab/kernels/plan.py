@@ -75,24 +75,28 @@ GEMV_TABLE = {
 GEMV_TABLE["sm80"] = GEMV_TABLE["sm90"]
 # The tensor-core teaching variant (gemv_mma.py), in no table row; its best H200 configuration (v1).
 MMA_PLAN = GemvPlan(block_n=128, block_k=512, num_warps=8, num_stages=3, waves=4.0, kind="mma")
-# Grouped GEMV: rows (smallest mean rows per routed expert, plan), the last row that applies wins. The mean
-# L / min(E, L) is known before the routing (tokens, top-k, E), so the choice is capture-legal.
+# Grouped GEMV: rows (smallest mean rows per routed expert, smallest N * K per expert, plan), the last row that
+# applies wins. The mean L / min(E, L) is known before the routing (tokens, top-k, E), so the choice is
+# capture-legal.
 GROUPED_TABLE = {
-    # H200 probes v10-v16 (data/receipts/probe_v1{0,1,4,5,6}_h200.json; notes/perf.md), keyed by mean rows
+    # H200 probes v10-v18 (data/receipts/probe_v1{0,1,4,5,6,8}_h200.json; notes/perf.md), keyed by mean rows
     # per routed expert. Below 4 rows, one row per tile on a tile-major grid won on all three models (every
     # tile of one N range runs at once, so an expert's bytes come from DRAM once and its other rows hit L2);
-    # from 4 the batched tensor-core tile (4 blocks per dot) at 8 rows (v15: OLMoE 32 tokens 142 us against
-    # 168, Qwen3 64 213 against 274), from 8 at 16 rows, from 16 at 32 (an expert of 17-32 rows read by one
-    # tile, not two).
-    "sm90": ((0.0, GroupedPlan(block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=2, tile_major=True)),
-             (4.0, GroupedPlan(block_m=8, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
-                               tile_major=True)),
-             (8.0, GroupedPlan(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
-                               tile_major=True)),
-             (16.0, GroupedPlan(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
-                                tile_major=True))),
-    "interp": ((0.0, GroupedPlan(block_m=4, block_n=32, block_k=256, num_warps=1, num_stages=1, waves=1.0,
-                                 tile_major=True)),),
+    # from 4 the batched tensor-core tile (4 blocks per dot) at 8 rows (v18: OLMoE 32 tokens 136 us against
+    # bm16's 149, Qwen3 64 199 against 227), but at 16 rows for experts of 32 M weights and more (v18: Mixtral
+    # 16 tokens 397 against 418; 7 experts share 32 rows, so bm8 tiles of the busiest ones split in two); from
+    # 8 at 16 rows, from 16 at 32 (an expert of 17-32 rows read by one tile, not two).
+    "sm90": ((0.0, 0, GroupedPlan(block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=2, tile_major=True)),
+             (4.0, 0, GroupedPlan(block_m=8, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
+                                  tile_major=True)),
+             (4.0, 32 * 2**20, GroupedPlan(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3,
+                                           kind="mma", tile_major=True)),
+             (8.0, 0, GroupedPlan(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
+                                  tile_major=True)),
+             (16.0, 0, GroupedPlan(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
+                                   tile_major=True))),
+    "interp": ((0.0, 0, GroupedPlan(block_m=4, block_n=32, block_k=256, num_warps=1, num_stages=1, waves=1.0,
+                                    tile_major=True)),),
 }
 GROUPED_TABLE["sm80"] = GROUPED_TABLE["sm90"]
 # MoE step: from how many mean rows per routed expert (L / min(E, L)) moe_decode_step takes the grouped path
@@ -180,11 +184,12 @@ def _finish(base: GemvPlan, N: int, K: int, R: int, device, split_k: int | None)
 
 def grouped_plan(N: int, K: int, L: int, E: int, device, split_k: int | None = None, **override) -> GroupedPlan:
     """The grouped plan for L routed rows over E experts of N x K weights: the table row for the mean rows
-    per routed expert L / min(E, L), `override` fields applied, split-K from `split_k` or the waves rule."""
+    per routed expert L / min(E, L) and the weights per expert N * K, `override` fields applied, split-K
+    from `split_k` or the waves rule."""
     mean = L / max(1, min(E, L))
     row = None
-    for min_mean, p in GROUPED_TABLE[generation(device)]:
-        if mean >= min_mean:
+    for min_mean, min_weights, p in GROUPED_TABLE[generation(device)]:
+        if mean >= min_mean and N * K >= min_weights:
             row = p
     return resolve_grouped(dataclasses.replace(row, **override), N, K, L, E, device, split_k)
 
