@@ -122,6 +122,9 @@ def test_time_calls_refuses_bad_arguments():
     for bad in (-1, 0.5, False):
         with pytest.raises(ValueError, match="prefill_cycles must be an int >= 0"):
             timing.time_calls([lambda: None], prefill_cycles=bad)
+    for bad in (-1.0, 1e5, "50", None):
+        with pytest.raises(ValueError, match="warmup_ms must be a number"):
+            timing.time_calls([lambda: None], warmup_ms=bad)
 
 
 def test_summarise_carries_late_samples():

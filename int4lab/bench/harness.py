@@ -174,8 +174,9 @@ def run(*, quick: bool = False, only=None, replays: int | None = None, seed: int
     print(f"device copy: {copy['GBps']:.0f} GB/s (read + write), L2 {l2 / 2**20:.0f} MiB", flush=True)
     payload = {"method": {"timing": "CUDA graph of one call per weight copy; a sample is back-to-back replays "
                                     "making >= min_calls calls, its time / calls, queued behind a GPU busy-wait of "
-                                    "prefill_cycles; median of `replays` samples",
+                                    "prefill_cycles, after warmup_ms of replays; median of `replays` samples",
                           "min_calls": timing.MIN_CALLS, "prefill_cycles": timing.PREFILL_CYCLES,
+                          "warmup_ms": timing.WARMUP_MS,
                           "replays": replays,
                           "rotation": "copies until the bytes of one cycle exceed 4x L2",
                           "floor": "read-only Triton kernel over the row's int4-b32 bytes (MoE: unique routed "

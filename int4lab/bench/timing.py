@@ -15,10 +15,16 @@ Method (what one `us` means):
     (`torch.cuda._sleep`, ~0.2 ms), so the host has queued the start event and the first replay before the
     GPU reaches them (the "blocking kernel" of NVIDIA's nvbench): a host stall in that window (a thread
     switch, the GIL) no longer lands inside the sample. A sample whose start event had already fired when
-    its first replay was queued is counted in `late` (`summarise`); the bench records it per row.
+    its first replay was queued is counted in `late` (`summarise`); the bench records it per row;
+  * before the first sample the graph replays for at least `WARMUP_MS` of GPU time. Why: after the host has
+    been busy (preparing a row's weights, its reference, the graph capture) the H200 streams bytes 8-13 %
+    slower for its first ~10 ms of load, then steps up and stays up (raw samples in
+    data/receipts/probe_bench_samples_h200.json, notes/perf.md v19c); with only a few warm-up replays that
+    step fell inside a row's 20 samples, and the median of a big row could land on either side of it.
 """
 from __future__ import annotations
 
+import math
 import statistics
 
 import torch
@@ -39,6 +45,7 @@ def copies_for(bytes_per_call: int, l2: int, factor: int = 4, cap: int = 1024) -
 
 MIN_CALLS = 16          # calls per timed sample (module doc)
 PREFILL_CYCLES = 400_000        # GPU busy-wait before a sample: ~0.2 ms at the H200's 1.98 GHz (module doc)
+WARMUP_MS = 50.0                # replays before the first sample: 4x the longest slow start seen (module doc)
 
 
 class Samples(list):
@@ -48,15 +55,18 @@ class Samples(list):
 
 
 def time_calls(calls, replays: int = 20, warmup: int = 3, min_calls: int = MIN_CALLS,
-               prefill_cycles: int = PREFILL_CYCLES) -> Samples:
+               prefill_cycles: int = PREFILL_CYCLES, warmup_ms: float = WARMUP_MS) -> Samples:
     """Capture one CUDA graph making every call in `calls` once, in order; return per-call us of each sample
-    (ceil(min_calls / len(calls)) replays back to back, after a prefill of `prefill_cycles`; 0 = none)."""
+    (ceil(min_calls / len(calls)) replays back to back, after a prefill of `prefill_cycles`; 0 = none).
+    Before the samples: `warmup` replays, then replays for at least `warmup_ms` of GPU time."""
     if not calls:
         raise ValueError("calls must hold at least one callable")
     if not isinstance(min_calls, int) or isinstance(min_calls, bool) or min_calls < 1:
         raise ValueError(f"min_calls must be a positive int, got {min_calls!r}")
     if not isinstance(prefill_cycles, int) or isinstance(prefill_cycles, bool) or prefill_cycles < 0:
         raise ValueError(f"prefill_cycles must be an int >= 0, got {prefill_cycles!r}")
+    if not isinstance(warmup_ms, (int, float)) or isinstance(warmup_ms, bool) or not 0 <= warmup_ms < 1e4:
+        raise ValueError(f"warmup_ms must be a number in [0, 1e4), got {warmup_ms!r}")
     per = -(-min_calls // len(calls))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -73,6 +83,13 @@ def time_calls(calls, replays: int = 20, warmup: int = 3, min_calls: int = MIN_C
         graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if warmup_ms:
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        for _ in range(math.ceil(warmup_ms / max(start.elapsed_time(end), 1e-3))):
+            graph.replay()          # queued without a sync: the first sample follows on a GPU that never paused
     out = Samples()
     for _ in range(replays):
         if prefill_cycles:
