@@ -300,7 +300,9 @@ def render(rec, anchors=()) -> str:
         + ("samples of at least 16 calls (CUDA-graph replays back to back)" if rec.get("method", {}).get("min_calls")
            else "single CUDA-graph replays")
         + (", each queued behind a GPU busy-wait so that no host delay lands inside it"
-           if rec.get("method", {}).get("prefill_cycles") else "") +
+           if rec.get("method", {}).get("prefill_cycles") else "")
+        + (f", after {rec['method']['warmup_ms']:.0f} ms of replays (the GPU's slow first ~10 ms of load stay out)"
+           if rec.get("method", {}).get("warmup_ms") else "") +
         f", weights rotated beyond L2. Read floor: a kernel that only reads the row's int4-b32 bytes (MoE: the "
         f"unique routed experts'), best of a few launch configurations, timed the same way in the same run; "
         f"a peer's cell gives its µs and (peer / int4_b32)."
