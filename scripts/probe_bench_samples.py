@@ -1,7 +1,7 @@
 """Where the bench's slow samples sit (notes/perf.md v19c): the raw per-sample times of the bench's own row
 functions (harness.bench_moe for the Mixtral one-token MoE, harness.bench_gemv for 28672x8192, our impls only),
-three times each, beside the same calls timed directly as in scripts/probe_v19.py (inputs from
-peers.moe_inputs / peers.prep_*), in one process.
+three times each, beside the same calls timed directly as in the v19 probe (branch next/mma-magic-seed; inputs
+from peers.moe_inputs / peers.prep_*), in one process.
 Usage on the GPU machine: PYTHONPATH=$PWD python3 scripts/probe_bench_samples.py $OUT"""
 import json
 import sys
@@ -28,12 +28,10 @@ res = {"provenance": provenance("python3 scripts/probe_bench_samples.py $OUT"), 
 l2 = timing.l2_bytes()
 m = MODELS["mixtral"]
 gen = harness._generator(0)
-floors = {}
 
 
-def floor_of(nbytes):
-    floors.setdefault(nbytes, floor.read_floor(nbytes, l2=l2, replays=20))
-    return floors[nbytes]
+def floor_of(nbytes):   # measured again in every repetition: its first configuration shows the slow start too
+    return floor.read_floor(nbytes, l2=l2, replays=20)
 
 
 for rep in range(3):
