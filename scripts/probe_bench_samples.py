@@ -3,6 +3,7 @@ functions (harness.bench_moe for the Mixtral one-token MoE, harness.bench_gemv f
 three times each, beside the same calls timed directly as in the v19 probe (branch next/mma-magic-seed; inputs
 from peers.moe_inputs / peers.prep_*), in one process.
 Usage on the GPU machine: PYTHONPATH=$PWD python3 scripts/probe_bench_samples.py $OUT"""
+import functools
 import json
 import sys
 
@@ -24,6 +25,8 @@ def keep(samples):
 
 
 timing.summarise = keep             # harness and floor call timing.summarise: every sample list lands in `raw`
+# the timer as it ran for this receipt (before the 50 ms warm-up, which this probe motivated)
+timing.time_calls = functools.partial(timing.time_calls, warmup_ms=0.0)
 res = {"provenance": provenance("python3 scripts/probe_bench_samples.py $OUT"), "runs": []}
 l2 = timing.l2_bytes()
 m = MODELS["mixtral"]

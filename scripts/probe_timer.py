@@ -44,7 +44,8 @@ res["cases"] = {}
 for rep in range(2):
     for name, calls in cases.items():
         for mc in (1, 16, 64):
-            s = timing.summarise(timing.time_calls(calls, replays=20, min_calls=mc))
+            s = timing.summarise(timing.time_calls(calls, replays=20, min_calls=mc, prefill_cycles=0,
+                                                    warmup_ms=0.0))   # the timer as it ran (v17)
             res["cases"].setdefault(name, {}).setdefault(f"min_calls={mc}", []).append(round(s["us"], 2))
             print(rep, name, len(calls), mc, round(s["us"], 2), flush=True)
 res["smi_after"] = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu",
