@@ -502,6 +502,18 @@ def test_grouped_table_rule(monkeypatch):
                                                                          ("mma", 32)]
 
 
+def test_moe_pdl_rule(monkeypatch):
+    """The H200 PDL rule (notes/perf.md v21b): the down GEMV is a dependent launch for OLMoE's and Qwen3's
+    experts, not for Mixtral's (>= 32 M weights per projection); never off sm_90."""
+    from int4lab.shapes import MODELS
+    monkeypatch.setattr(plan_mod, "generation", lambda _: "sm90")
+    assert {k: plan_mod.moe_pdl("cpu", m.hidden * m.intermediate) for k, m in MODELS.items()} == {
+        "mixtral": False, "olmoe": True, "qwen3": True}
+    for gen in ("sm80", "interp"):
+        monkeypatch.setattr(plan_mod, "generation", lambda _, g=gen: g)
+        assert not plan_mod.moe_pdl("cpu", 1)
+
+
 def test_combine_rows_order(device):
     T, A, H = 2, 3, 50
     y = torch.randn(T * A, H).bfloat16().to(device)

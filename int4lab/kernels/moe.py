@@ -6,8 +6,8 @@ H = hidden size, I = expert intermediate size.
 Two paths, one contract (moe_decode_ref), chosen by moe_decode_step from (tokens, top-k, E, generation)
 through plan.moe_grouped, so the choice never depends on the routing and the call stays capture-legal:
 
-  routed (moe_decode_routed, 2 launches, the second a programmatic dependent of the first on sm_90; up to
-  a few rows per routed expert):
+  routed (moe_decode_routed, 2 launches, the second a programmatic dependent of the first on sm_90 for
+  experts of under 32 M weights per projection; up to a few rows per routed expert):
     x [T, H] --gate_up GEMV, x quantised in its prologue (all L rows)--> h [L, 2I] bf16
       --down GEMV, SwiGLU + quantisation of h in its prologue, rows rounded to bf16 and combined with the
         router weights (float32, fixed order) by the last-arriving program--> out [T, H] bf16
@@ -133,7 +133,7 @@ def moe_decode_routed(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_
                       *, split_k=None, plan=None, pdl=None, fused=None):
     """moe_decode_step's contract through two routed GEMVs (module doc). `split_k` applies to both GEMVs
     (None: the launch plan's choice per shape); `plan` (a GemvPlan) overrides the table row; `pdl` (None:
-    plan.moe_pdl) launches down as a programmatic dependent of gate_up (same bits, an earlier start);
+    plan.moe_pdl: experts below a size) launches down as a programmatic dependent of gate_up (same bits);
     `fused` (None: plan.moe_fused) runs both GEMVs in one launch (moe_fused.py; same bits), when both
     projections' plans share their tile (block_n, block_k, warps, dp4a), else the two launches run."""
     T, H, I, E = _check_moe(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales)
@@ -152,7 +152,7 @@ def moe_decode_routed(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_
         if p_gu.kind == "dp4a" and all(getattr(p_gu, f) == getattr(p_dn, f) for f in tile):
             return _moe_fused(x, eids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales,
                               p_gu, p_dn, rm)
-    pdl = _plan.moe_pdl(dev) if pdl is None else bool(pdl)
+    pdl = _plan.moe_pdl(dev, H * I) if pdl is None else bool(pdl)
     # gate_up: row r = t*A + j reads token t (r // A), quantised in the GEMV's prologue.
     h = _launch_gemv(x, None, gate_up_packed, gate_up_scales, eids, 2 * I, H, L, x_mode=X_FLOAT, rows_per_x=A,
                      split_k=split_k, plan=plan, pdl=1 if pdl else 0, row_major=rm)

@@ -105,10 +105,14 @@ GROUPED_TABLE["sm80"] = GROUPED_TABLE["sm90"]
 # wins on all three models (v11: also with the tile-major table). One token is always 1 mean row (routed).
 # The interpreter row exercises both.
 MOE_GROUPED_FROM_MEAN_ROWS = {"sm90": 2.0, "sm80": 2.0, "interp": 2.0}
-# Routed MoE step: whether the down GEMV is a programmatic dependent launch of the gate_up GEMV (its programs
-# start during gate_up's tail, ask L2 for their first weight tiles, then wait; gemv_dp4a_kernel's PDL).
+# Routed MoE step: the down GEMV is a programmatic dependent launch of the gate_up GEMV (its programs start
+# during gate_up's tail, ask L2 for their first weight tiles, then wait; gemv_dp4a_kernel's PDL) for experts
+# of fewer than this many weights per projection (H * I); 0 = never. H200 (notes/perf.md v21b,
+# data/receipts/probe_pdl_h200.json, PDL off / on alternately three times): one token, OLMoE 14.1 -> 12.9 us
+# and Qwen3 12.4 -> 12.0 with PDL, but Mixtral (58.7 M weights) 54.3-54.8 without against 55.2 with, in every
+# pair (its 512 down programs each ask L2 for 4 tiles, 32 MB, while gate_up still streams).
 # griddepcontrol is sm_90 PTX; the interpreter has no launches to overlap.
-MOE_PDL = {"sm90": True, "sm80": False, "interp": False}
+MOE_PDL_BELOW_WEIGHTS = {"sm90": 32 * 2**20, "sm80": 0, "interp": 0}
 # Routed MoE step in one launch (moe_fused.py: down programs wait for their row of h) instead of two. Off
 # until an H200 probe shows it faster (notes/perf.md v17); the interpreter runs it in the tests.
 MOE_FUSED = {"sm90": False, "sm80": False, "interp": False}
@@ -231,9 +235,10 @@ def moe_grouped(tokens: int, top_k: int, experts: int, device) -> bool:
     return L > 0 and L / min(experts, L) >= MOE_GROUPED_FROM_MEAN_ROWS[generation(device)]
 
 
-def moe_pdl(device) -> bool:
-    """Whether moe_decode_routed launches its down GEMV as a programmatic dependent of gate_up."""
-    return MOE_PDL[generation(device)]
+def moe_pdl(device, weights_per_expert: int) -> bool:
+    """Whether moe_decode_routed launches its down GEMV as a programmatic dependent of gate_up, for experts of
+    `weights_per_expert` (H * I) weights per projection: below MOE_PDL_BELOW_WEIGHTS of the generation."""
+    return weights_per_expert < MOE_PDL_BELOW_WEIGHTS[generation(device)]
 
 
 def moe_fused(device) -> bool:
