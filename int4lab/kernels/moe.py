@@ -194,14 +194,16 @@ def _moe_fused(x, eids, topk_w, gu_p, gu_s, dn_p, dn_s, p_gu, p_dn, rows_first):
 
 def moe_decode_grouped(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales,
                        *, plan=None, split_k=None):
-    """moe_decode_step's contract through the grouped kernels (module doc). `plan` (a GroupedPlan) and
-    `split_k` apply to both projections (None: the table's choice per shape)."""
+    """moe_decode_step's contract through the grouped kernels (module doc). `plan` (a GroupedPlan, or a
+    (gate_up, down) pair of them; the two must share block_m, the tiles' height) and `split_k` apply to both
+    projections (None: the table's choice per shape)."""
     T, H, I, E = _check_moe(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales)
     A = topk_ids.shape[1]
     L = T * A
     dev = x.device
-    p_gu = _plan.resolve_grouped(plan, 2 * I, H, L, E, dev, split_k)
-    p_dn = _plan.resolve_grouped(plan, H, I, L, E, dev, split_k)
+    plan_gu, plan_dn = plan if isinstance(plan, tuple) and len(plan) == 2 else (plan, plan)
+    p_gu = _plan.resolve_grouped(plan_gu, 2 * I, H, L, E, dev, split_k)
+    p_dn = _plan.resolve_grouped(plan_dn, H, I, L, E, dev, split_k)
     tiles = build_group_tiles(topk_ids, E, p_gu.block_m)
     xq, xs = quant_x_rows(x)
     h = gemm_int4_b32_grouped(xq, xs, gate_up_packed, gate_up_scales, tiles, rows_per_x=A, plan=p_gu)
