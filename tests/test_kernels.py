@@ -500,6 +500,11 @@ def test_grouped_table_rule(monkeypatch):
     assert [height(4096, 14336, T, 2, 8) for T in (16, 32)] == [("mma", 16), ("mma", 16)]    # down: same tiles
     assert [height(*olmoe_gu, T, 8, 64) for T in (16, 32, 64, 128)] == [("dp4a", 1), ("mma", 8), ("mma", 16),
                                                                          ("mma", 32)]
+    # v22: the down GEMM of Mixtral's few N tiles split at 16 and 64 tokens, never gate_up, never OLMoE at 64
+    split = {T: (plan_mod.grouped_plan(*mixtral_gu, 2 * T, 8, "cpu").split_k,
+                 plan_mod.grouped_plan(4096, 14336, 2 * T, 8, "cpu").split_k) for T in (8, 16, 32, 64)}
+    assert split == {8: (1, 1), 16: (1, 4), 32: (1, 1), 64: (1, 2)}
+    assert plan_mod.grouped_plan(2048, 1024, 64 * 8, 64, "cpu").split_k == 1
 
 
 def test_moe_pdl_rule(monkeypatch):

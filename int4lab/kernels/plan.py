@@ -85,16 +85,19 @@ GROUPED_TABLE = {
     # from 4 the batched tensor-core tile (4 blocks per dot) at 8 rows (v18: OLMoE 32 tokens 136 us against
     # bm16's 149, Qwen3 64 199 against 227), but at 16 rows for experts of 32 M weights and more (v18: Mixtral
     # 16 tokens 397 against 418; 7 experts share 32 rows, so bm8 tiles of the busiest ones split in two); from
-    # 8 at 16 rows, from 16 at 32 (an expert of 17-32 rows read by one tile, not two).
+    # 8 at 16 rows, from 16 at 32 (an expert of 17-32 rows read by one tile, not two). Waves 2 on the Mixtral-16-token
+    # row and the 32-row row split a down GEMM of few N tiles (v22, data/receipts/probe_split_grouped_h200.json:
+    # Mixtral 16 tokens 399 -> 392 us at split 4, 64 tokens 615 -> 573 at split 2) and leave gate_up unsplit;
+    # a split lost on the 16-row row (Mixtral 32, OLMoE 64: +0.3 / +7 %), which keeps waves 0.25.
     "sm90": ((0.0, 0, GroupedPlan(block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=2, tile_major=True)),
              (4.0, 0, GroupedPlan(block_m=8, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
                                   tile_major=True)),
              (4.0, 32 * 2**20, GroupedPlan(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3,
-                                           kind="mma", tile_major=True)),
+                                           kind="mma", tile_major=True, waves=2.0)),
              (8.0, 0, GroupedPlan(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
                                   tile_major=True)),
              (16.0, 0, GroupedPlan(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
-                                   tile_major=True))),
+                                   tile_major=True, waves=2.0))),
     "interp": ((0.0, 0, GroupedPlan(block_m=4, block_n=32, block_k=256, num_warps=1, num_stages=1, waves=1.0,
                                     tile_major=True)),),
 }
