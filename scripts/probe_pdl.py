@@ -8,11 +8,10 @@ import sys
 import torch
 
 from int4lab.bench import timing
-from int4lab.bench.peers import n_active, routing
 from int4lab.kernels.moe import moe_decode_routed
 from int4lab.receipts import provenance
 from int4lab.shapes import MODELS
-from int4lab.tune.sweep import dense_weights, int4_bytes
+from int4lab.tune.sweep import moe_setup
 
 out_dir = sys.argv[1]
 dev = torch.device("cuda")
@@ -23,15 +22,8 @@ res = {"provenance": provenance("python3 scripts/probe_pdl.py $OUT"),
        "rows": []}
 for T in (1, 2, 4):
     for model, m in MODELS.items():
-        E, A, H, I = m.n_experts, m.top_k, m.hidden, m.intermediate
-        ids_c, tw_c = routing(m, T)
-        ids, tw = ids_c.to(dev), tw_c.to(dev)
-        nbytes = n_active(ids_c) * (int4_bytes(2 * I, H) + int4_bytes(H, I))
-        copies = timing.copies_for(nbytes, l2, cap=16)
-        gu, dn = dense_weights(2 * I, H, copies * E, dev), dense_weights(H, I, copies * E, dev)
-        w = [(gu[0][i * E:(i + 1) * E], gu[1][i * E:(i + 1) * E], dn[0][i * E:(i + 1) * E],
-              dn[1][i * E:(i + 1) * E]) for i in range(copies)]
-        x = torch.randn(T, H, device=dev).bfloat16()
+        x, ids, tw, w, _, nbytes = moe_setup(m, T, dev, l2)
+        copies = len(w)
         row = {"model": model, "tokens": T, "copies": copies, "bytes": nbytes, "pdl": [], "no_pdl": []}
         for rep in range(3):
             for pdl in (False, True):
@@ -46,5 +38,5 @@ for T in (1, 2, 4):
         print(model, T, "no_pdl", [r[0] for r in row["no_pdl"]], "pdl", [r[0] for r in row["pdl"]],
               row["same_bits"], flush=True)
         json.dump(res, open(f"{out_dir}/probe_pdl_h200.json", "w"), indent=1)
-        del gu, dn, w
+        del w
         torch.cuda.empty_cache()

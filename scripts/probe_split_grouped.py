@@ -10,12 +10,11 @@ import sys
 import torch
 
 from int4lab.bench import timing
-from int4lab.bench.peers import n_active, routing
 from int4lab.kernels.moe import moe_decode_grouped
 from int4lab.kernels.plan import grouped_plan
 from int4lab.receipts import provenance
 from int4lab.shapes import MODELS
-from int4lab.tune.sweep import dense_weights, int4_bytes
+from int4lab.tune.sweep import moe_setup
 
 out_dir = sys.argv[1]
 dev = torch.device("cuda")
@@ -26,21 +25,15 @@ res = {"provenance": provenance("python3 scripts/probe_split_grouped.py $OUT"),
 for model, T in (("mixtral", 16), ("mixtral", 32), ("mixtral", 64), ("mixtral", 8), ("olmoe", 64), ("qwen3", 64)):
     m = MODELS[model]
     E, A, H, I = m.n_experts, m.top_k, m.hidden, m.intermediate
-    ids_c, tw_c = routing(m, T)
-    ids, tw = ids_c.to(dev), tw_c.to(dev)
     L = T * A
-    nbytes = n_active(ids_c) * (int4_bytes(2 * I, H) + int4_bytes(H, I))
-    copies = timing.copies_for(nbytes, l2, cap=16)
-    gu, dn = dense_weights(2 * I, H, copies * E, dev), dense_weights(H, I, copies * E, dev)
-    w = [(gu[0][i * E:(i + 1) * E], gu[1][i * E:(i + 1) * E], dn[0][i * E:(i + 1) * E],
-          dn[1][i * E:(i + 1) * E]) for i in range(copies)]
-    x = torch.randn(T, H, device=dev).bfloat16()
+    x, ids, tw, w, act, nbytes = moe_setup(m, T, dev, l2)
+    copies = len(w)
     p_gu, p_dn = grouped_plan(2 * I, H, L, E, dev), grouped_plan(H, I, L, E, dev)
     variants = {"table": (p_gu, p_dn)}
     for sk in (2, 3, 4):
         variants[f"down_sk{sk}"] = (p_gu, dataclasses.replace(p_dn, split_k=sk))
     variants["both_sk2"] = (dataclasses.replace(p_gu, split_k=2), dataclasses.replace(p_dn, split_k=2))
-    row = {"model": model, "tokens": T, "copies": copies, "bytes": nbytes, "n_active": n_active(ids_c),
+    row = {"model": model, "tokens": T, "copies": copies, "bytes": nbytes, "n_active": act,
            "plan_gate_up": dataclasses.asdict(p_gu), "plan_down": dataclasses.asdict(p_dn), "us": {}}
     for rep in range(2):
         for label, pp in variants.items():
@@ -50,5 +43,5 @@ for model, T in (("mixtral", 16), ("mixtral", 32), ("mixtral", 64), ("mixtral", 
     res["rows"].append(row)
     print(model, T, {k: [v[0] for v in vs] for k, vs in row["us"].items()}, flush=True)
     json.dump(res, open(f"{out_dir}/probe_split_grouped_h200.json", "w"), indent=1)
-    del gu, dn, w
+    del w
     torch.cuda.empty_cache()

@@ -298,23 +298,31 @@ def grouped_variants(L: int, E: int, K_min: int, mma_only: bool = False):
     return out
 
 
+def moe_setup(m, tokens: int, dev, l2: int):
+    """One MoE row as the bench routes it: (x bf16 [T, H], ids int32 [T, A], router weights [T, A], weights,
+    active experts, routed int4-b32 bytes). `weights` holds `copies` sets of E random experts, each
+    (gate_up packed, scales, down packed, scales), so that copies x routed bytes > 4 x L2 (at most 16 sets)."""
+    from ..bench.peers import n_active, routing
+    E, H, I = m.n_experts, m.hidden, m.intermediate
+    ids_c, tw_c = routing(m, tokens)
+    act = n_active(ids_c)
+    nbytes = act * (int4_bytes(2 * I, H) + int4_bytes(H, I))
+    copies = copies_for(nbytes, l2, cap=16)
+    gu, dn = dense_weights(2 * I, H, copies * E, dev), dense_weights(H, I, copies * E, dev)
+    w = [(gu[0][i * E:(i + 1) * E], gu[1][i * E:(i + 1) * E], dn[0][i * E:(i + 1) * E], dn[1][i * E:(i + 1) * E])
+         for i in range(copies)]
+    x = torch.randn(tokens, H, device=dev).bfloat16()
+    return x, ids_c.to(dev), tw_c.to(dev), w, act, nbytes
+
+
 def sweep_grouped(model, tokens, dev, rows, deadline, l2=60 * 2**20, replays=REPLAYS, mma_only=False,
                   fused_only=False):
     """Time the routed path and grouped variants for one (model, tokens): the bench's routing, random bytes.
     fused_only: the routed path in two launches (the table's) and in one (moe_fused.py), no grouped variant."""
-    from ..bench.peers import n_active, routing
     m = MODELS[model]
     E, A, H, I = m.n_experts, m.top_k, m.hidden, m.intermediate
-    ids_c, tw_c = routing(m, tokens)
-    ids, tw = ids_c.to(dev), tw_c.to(dev)
-    act = n_active(ids_c)
-    nbytes = act * (int4_bytes(2 * I, H) + int4_bytes(H, I))
-    copies = copies_for(nbytes, l2, cap=16)
-    gu = dense_weights(2 * I, H, copies * E, dev)
-    dn = dense_weights(H, I, copies * E, dev)
-    w = [(gu[0][i * E:(i + 1) * E], gu[1][i * E:(i + 1) * E], dn[0][i * E:(i + 1) * E], dn[1][i * E:(i + 1) * E])
-         for i in range(copies)]
-    x = torch.randn(tokens, H, device=dev).bfloat16()
+    x, ids, tw, w, act, nbytes = moe_setup(m, tokens, dev, l2)
+    copies = len(w)
     L = tokens * A
     row = {"model": model, "tokens": tokens, "E": E, "topk": A, "n_active": act, "bytes_int4_b32": nbytes,
            "copies": copies, "mean_rows_per_expert": L / min(E, L), "us": {}}
@@ -345,7 +353,7 @@ def sweep_grouped(model, tokens, dev, rows, deadline, l2=60 * 2**20, replays=REP
     rows.append(row)
     print(f"grouped {model:8s} T{tokens:<3d} active {act:3d}  routed {row['us']['routed']:8.1f}  "
           f"table {ok.get('table', float('nan')):8.1f}  best {ok[row['best']]:8.1f} ({row['best']})", flush=True)
-    del gu, dn, w
+    del w
     torch.cuda.empty_cache()
 
 
