@@ -214,15 +214,38 @@ def moe_series(rec, model: str) -> dict[str, dict[int, float]]:
 class Check:
     target: str
     measured: str
-    status: str          # "pass", "miss", "not measured"
+    status: str          # "pass", "miss", "undecided" (margin under the run-to-run spread), "not measured"
 
 
-def _status(ok) -> str:
-    return "not measured" if ok is None else ("pass" if ok else "miss")
+def _status(ok, margin=None, spread=0.0) -> str:
+    """pass / miss, or "undecided" when the relative margin to the target (|measured / limit - 1|) is below
+    `spread`: the next run of the same code could land on the other side."""
+    if ok is None:
+        return "not measured"
+    if margin is not None and abs(margin) < spread:
+        return "undecided"
+    return "pass" if ok else "miss"
 
 
-def _within(ratio, limit) -> str:
-    return _status(None if ratio is None else ratio <= limit)
+def _within(ratio, limit, spread=0.0) -> str:
+    return _status(None if ratio is None else ratio <= limit, None if ratio is None else ratio / limit - 1, spread)
+
+
+# How far a median moves between two bench runs: the 90th percentile of |us / us' - 1| over the rows of torch's own
+# kernels (bf16 cuBLAS, tinygemm, the bf16 per-expert loop, grouped_mm), which no commit here changes, in the
+# committed receipt and REPEAT, an earlier full bench run on the same image. A target closer than that is
+# "undecided". (Two H200 runs of 2026-12-03: median 0.3 %, 90th percentile 0.9 %; the read floors 0.15 %.)
+REPEAT = RECEIPTS / "decode_h200_e1e741f.json"
+STABLE_PEERS = ("bf16", "tinygemm", "bf16_loop", "grouped_mm")
+
+
+def run_to_run(rec, other, q: float = 0.9) -> float | None:
+    """The q-quantile of |us / us' - 1| over the STABLE_PEERS rows that both receipts timed; None if none."""
+    def key(r):
+        return r["model"], r["layer"], r["N"], r["K"], r["rows"], r["impl"]
+    then = {key(r): r["us"] for r in other["rows"] if r["impl"] in STABLE_PEERS}
+    moves = sorted(abs(r["us"] / then[key(r)] - 1) for r in rec["rows"] if key(r) in then)
+    return moves[min(len(moves) - 1, int(q * len(moves)))] if moves else None
 
 
 BIG_SHAPES = ((14336, 4096), (4096, 14336), (28672, 4096), (28672, 8192))
@@ -231,14 +254,15 @@ MOE_OVER_BF16 = {"mixtral": 4.0, "olmoe": 15.0, "qwen3": 15.0}
 BATCH_TOKENS, BATCH_FLOOR_LIMIT, BATCH_SPEEDUP = (4, 8, 16, 32, 64), 1.3, 2.0
 
 
-def targets(rec, anchors=()) -> list[Check]:
-    """Issue 12's and issue 14's targets (H200, graph replay, same run; ratios count) evaluated on the receipt."""
+def targets(rec, anchors=(), spread: float = 0.0) -> list[Check]:
+    """Issue 12's and issue 14's targets (H200, graph replay, same run; ratios count) evaluated on the receipt;
+    a target missed or met by less than `spread` (relative; run_to_run) is "undecided"."""
     out = []
     for N, K in BIG_SHAPES:
         here = [r for r in rec["rows"] if r["layer"] != "moe" and (r["N"], r["K"]) == (N, K)]
         ours, fl = _us(rec, "int4_b32", N=N, K=K), _floor(here)
         out.append(Check(f"{N}×{K}: int4_b32 ≤ 1.15× read floor", f"{_f(ours, 2)} / {_f(fl, 2)} µs = "
-                         f"{_f(_ratio(ours, fl), 2)}×", _within(_ratio(ours, fl), 1.15)))
+                         f"{_f(_ratio(ours, fl), 2)}×", _within(_ratio(ours, fl), 1.15, spread)))
     for s in all_shapes():
         w = {"model": s.model, "layer": s.layer, "N": s.N, "K": s.K}
         here = [r for r in rec["rows"] if all(r[k] == v for k, v in w.items())]
@@ -253,30 +277,35 @@ def targets(rec, anchors=()) -> list[Check]:
         gap = f"; {', '.join(missing)} not measured" if missing else ""
         name = f"{s.model} {s.layer} {s.N}×{s.K}"
         out.append(Check(f"{name}: int4_b32 faster than every peer",
-                         f"{_f(ours, 2)} µs vs best peer {_f(best, 2)} µs{gap}", _status(ok)))
+                         f"{_f(ours, 2)} µs vs best peer {_f(best, 2)} µs{gap}",
+                         _status(ok, None if None in (ours, best) else ours / best - 1, spread)))
         out.append(Check(f"{name}: int4_b32 ≤ 1.4× read floor", f"{_f(_ratio(ours, fl), 2)}×",
-                         _within(_ratio(ours, fl), 1.4)))
+                         _within(_ratio(ours, fl), 1.4, spread)))
     for name, speedup in MOE_OVER_BF16.items():
         here = [r for r in rec["rows"] if r["model"] == name and r["layer"] == "moe" and r["rows"] == 1]
         best, fl = best_ours_moe(rec, name, 1), _floor(here)
         bf = _us(rec, "bf16_loop", model=name, layer="moe", rows=1)
         out.append(Check(f"{name} one-token MoE layer ≤ {MOE_FLOOR_LIMIT}× read floor of routed bytes",
                          f"{_f(best, 2)} / {_f(fl, 2)} µs = {_f(_ratio(best, fl), 2)}×",
-                         _within(_ratio(best, fl), MOE_FLOOR_LIMIT)))
-        out.append(Check(f"{name} one-token MoE layer ≥ {speedup:g}× the bf16 loop", f"{_f(_ratio(bf, best), 2)}×",
-                         _status(None if None in (bf, best) else bf / best >= speedup)))
+                         _within(_ratio(best, fl), MOE_FLOOR_LIMIT, spread)))
+        lead = _ratio(bf, best)
+        out.append(Check(f"{name} one-token MoE layer ≥ {speedup:g}× the bf16 loop", f"{_f(lead, 2)}×",
+                         _status(None if lead is None else lead >= speedup,
+                                 None if lead is None else lead / speedup - 1, spread)))
     for name in MOE_OVER_BF16:
         for T in BATCH_TOKENS:
             here = [r for r in rec["rows"] if r["model"] == name and r["layer"] == "moe" and r["rows"] == T]
             best, fl = best_ours_moe(rec, name, T), _floor(here)
             bf, gm = (_us(rec, i, model=name, layer="moe", rows=T) for i in MOE_PEERS)
             out.append(Check(f"{name} MoE, {T} tokens: best int4 ≤ {BATCH_FLOOR_LIMIT}× read floor of unique experts",
-                             f"{_f(_ratio(best, fl), 2)}×", _within(_ratio(best, fl), BATCH_FLOOR_LIMIT)))
+                             f"{_f(_ratio(best, fl), 2)}×", _within(_ratio(best, fl), BATCH_FLOOR_LIMIT, spread)))
             slow = min((t for t in (bf, gm) if t is not None), default=None)
             ok = None if best is None or None in (bf, gm) else slow / best >= BATCH_SPEEDUP
+            lead = f" ({slow / best:.3f}×)" if ok is not None and abs(slow / best / BATCH_SPEEDUP - 1) < spread else ""
             out.append(Check(f"{name} MoE, {T} tokens: best int4 ≥ {BATCH_SPEEDUP:g}× faster than bf16 loop and "
                              "grouped_mm", f"bf16 loop {_f(_ratio(bf, best), 2)}×, grouped_mm "
-                             f"{_f(_ratio(gm, best), 2)}×", _status(ok)))
+                             f"{_f(_ratio(gm, best), 2)}×{lead}",
+                             _status(ok, None if ok is None else slow / best / BATCH_SPEEDUP - 1, spread)))
     return out
 
 
@@ -286,12 +315,14 @@ def targets_table(checks) -> str:
     return "\n".join(lines)
 
 
-def render(rec, anchors=()) -> str:
-    """The whole README block: provenance, method, GEMV, MoE and target tables, skipped count."""
+def render(rec, anchors=(), spread: float = 0.0) -> str:
+    """The whole README block: provenance, method, GEMV, MoE and target tables, skipped count. `spread`: the
+    run-to-run spread (run_to_run) under which a target's margin is "undecided"."""
     p = rec["provenance"]
-    checks = targets(rec, anchors)
+    checks = targets(rec, anchors, spread)
     n_pass = sum(c.status == "pass" for c in checks)
     n_none = sum(c.status == "not measured" for c in checks)
+    n_open = sum(c.status == "undecided" for c in checks)
     has_floor = any("floor_us" in r for r in rec["rows"])
     parts = [
         f"Generated by `python -m int4lab.report` from `data/receipts/decode_h200.json` "
@@ -313,8 +344,10 @@ def render(rec, anchors=()) -> str:
            " **Partial run**: the harness stopped before its schedule was done."),
         "**Batch-1 GEMV, µs**\n\n" + gemv_table(rec, anchors),
         "**MoE layer (gate_up, SwiGLU, down, weighted combine), µs**\n\n" + moe_table(rec, anchors),
-        f"**Targets (issues 12 and 14): {n_pass} of {len(checks)} met, {n_none} not measured**\n\n"
-        + targets_table(checks),
+        f"**Targets (issues 12 and 14): {n_pass} of {len(checks)} met, {n_open} undecided, {n_none} not measured**"
+        + (f" (undecided: met or missed by less than {100 * spread:.1f} %, the 90th percentile of how far the same "
+           "torch kernels' medians moved between two bench runs, `report.run_to_run`)" if spread else "")
+        + "\n\n" + targets_table(checks),
     ]
     if rec["skipped"]:
         parts.append(f"{len(rec['skipped'])} measurements were skipped; "
@@ -541,7 +574,9 @@ def main(argv=None) -> int:
     if not args.receipt.exists():
         print(f"no receipt at {args.receipt}: run `python -m int4lab.bench` on a CUDA machine first", file=sys.stderr)
         return 2
-    block = render(load(args.receipt), anchor_rows(args.anchors))
+    rec = load(args.receipt)
+    spread = run_to_run(rec, load(REPEAT)) if REPEAT.exists() else None
+    block = render(rec, anchor_rows(args.anchors), spread or 0.0)
     if args.readme:
         print(f"rewrote {rewrite_readme(args.readme, block)}")
         if RESULTS_START in Path(args.readme).read_text():      # the models/gates/packing block, if the file has one

@@ -495,6 +495,34 @@ def test_report_targets_from_a_synthetic_receipt(tmp_path):
     assert "…/decode_synthetic.json" in block and "/somewhere/" not in block               # no machine paths
 
 
+def test_report_undecided_within_the_run_to_run_spread(tmp_path):
+    """A target met or missed by less than the run-to-run spread is "undecided"; the spread is the 90th
+    percentile of how far torch's own kernels' medians moved between two receipts."""
+    import copy
+    rec = _synthetic_receipt(tmp_path)
+    anchors = report.parse_ggml(GGML_SAMPLE)
+    other = copy.deepcopy(rec)
+    stable = [r for r in other["rows"] if r["impl"] in report.STABLE_PEERS]
+    assert stable
+    for i, r in enumerate(stable):                     # all but one move by 1 %, one by 10 %
+        r["us"] *= 1.10 if i == 0 else 1.01
+    assert len(stable) == 9                            # the 90th percentile of 9 moves is the largest
+    assert abs(report.run_to_run(rec, other) - (1 - 1 / 1.10)) < 1e-9
+    assert abs(report.run_to_run(rec, other, q=0.5) - (1 - 1 / 1.01)) < 1e-9
+    assert report.run_to_run(rec, {"rows": []}) is None
+    big = "14336×4096: int4_b32 ≤ 1.15× read floor"                                  # 10 / 9 = 1.111: 3.4 % inside
+    assert {c.target: c.status for c in report.targets(rec, anchors, 0.02)}[big] == "pass"
+    assert {c.target: c.status for c in report.targets(rec, anchors, 0.05)}[big] == "undecided"
+    miss = "4096×14336: int4_b32 ≤ 1.15× read floor"                                 # 1.2: 4.3 % over
+    assert {c.target: c.status for c in report.targets(rec, anchors, 0.05)}[miss] == "undecided"
+    assert {c.target: c.status for c in report.targets(rec, anchors, 0.04)}[miss] == "miss"
+    none = "28672×8192: int4_b32 ≤ 1.15× read floor"
+    assert {c.target: c.status for c in report.targets(rec, anchors, 0.5)}[none] == "not measured"
+    block = report.render(rec, anchors, 0.05)
+    n_open = sum(c.status == "undecided" for c in report.targets(rec, anchors, 0.05))
+    assert f"{n_open} undecided" in block and "less than 5.0 %" in block
+
+
 def test_report_handles_receipts_from_before_the_floor(tmp_path):
     rec = _synthetic_receipt(tmp_path, with_floor=False)
     anchors = report.parse_ggml(GGML_SAMPLE)
