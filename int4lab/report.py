@@ -301,10 +301,10 @@ def targets(rec, anchors=(), spread: float = 0.0) -> list[Check]:
                              f"{_f(_ratio(best, fl), 2)}×", _within(_ratio(best, fl), BATCH_FLOOR_LIMIT, spread)))
             slow = min((t for t in (bf, gm) if t is not None), default=None)
             ok = None if best is None or None in (bf, gm) else slow / best >= BATCH_SPEEDUP
-            lead = f" ({slow / best:.3f}×)" if ok is not None and abs(slow / best / BATCH_SPEEDUP - 1) < spread else ""
+            edge = f" ({slow / best:.3f}×)" if ok is not None and abs(slow / best / BATCH_SPEEDUP - 1) < spread else ""
             out.append(Check(f"{name} MoE, {T} tokens: best int4 ≥ {BATCH_SPEEDUP:g}× faster than bf16 loop and "
                              "grouped_mm", f"bf16 loop {_f(_ratio(bf, best), 2)}×, grouped_mm "
-                             f"{_f(_ratio(gm, best), 2)}×{lead}",
+                             f"{_f(_ratio(gm, best), 2)}×{edge}",
                              _status(ok, None if ok is None else slow / best / BATCH_SPEEDUP - 1, spread)))
     return out
 
