@@ -405,6 +405,26 @@ def test_grouped_and_routed_moe_same_bits(device, split_k, block_m):
     assert counters_all_zero()
 
 
+def test_grouped_moe_plan_pair(device):
+    """moe_decode_grouped takes a (gate_up, down) plan pair (v22 splits only the down GEMM): a pair of one plan
+    gives that plan's bits, a split down stays at the reference, and a pair of tiles of other heights is refused."""
+    E, H, I, T, A = 5, 64, 96, 6, 2
+    w = moe_weights(E, H, I, device)
+    x = torch.randn(T, H).bfloat16().to(device)
+    ids = torch.tensor([[0, 2], [0, 3], [1, 0], [0, 2], [3, 0], [0, 1]], dtype=torch.int32, device=device)
+    tw = torch.softmax(torch.randn(T, A), -1).to(device)
+    p = GroupedPlan(4, 16, 128, 1 if device == "cpu" else 4, 1)
+    one = moe_decode_grouped(x, ids, tw, *w, plan=p)
+    assert torch.equal(moe_decode_grouped(x, ids, tw, *w, plan=(p, p)).view(torch.int16), one.view(torch.int16))
+    split = moe_decode_grouped(x, ids, tw, *w, plan=(p, dataclasses.replace(p, split_k=2)))
+    assert_close_bf16(split, moe_decode_ref(x, ids, tw, *w))
+    assert counters_all_zero()
+    with pytest.raises(ValueError, match="block_m"):
+        moe_decode_grouped(x, ids, tw, *w, plan=(p, dataclasses.replace(p, block_m=8)))
+    with pytest.raises(TypeError, match="GroupedPlan"):
+        moe_decode_grouped(x, ids, tw, *w, plan=(p, "bm4"))
+
+
 @pytest.mark.parametrize("split_k,x_mode", [(1, X_FLOAT), (3, X_SWIGLU)])
 def test_routed_gemv_row_major_grid_same_bits(device, split_k, x_mode):
     """The row-major grid (every row of one N range at once; moe_decode_routed's choice for several tokens)
