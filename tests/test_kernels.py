@@ -329,12 +329,38 @@ def test_grouped_mma_matches_reference(device, split_k, block_k):
     assert_close_bf16(got, ref)
 
 
-@pytest.mark.parametrize("split_k,tile_major", [(1, True), (2, False), (3, True)])
-def test_grouped_mma_dp4a_and_tile_order_same_bits(device, split_k, tile_major):
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_grouped_mma_half_tiles_same_bits(device, split_k):
+    """plan.half_tiles: a tile with at most block_m / 2 live rows runs the loop of half the height. Experts of
+    5 rows (half loop), 13 rows (full loop) and none: the same bits as the full-height tile and the dp4a tile."""
+    E, N, K = 3, 40, 256
+    packed, scales = pack(E, N, K, device)
+    ids = torch.tensor([0] * 5 + [1] * 13, dtype=torch.int32)[torch.randperm(18)].to(device)
+    xq, xs = quant_x_rows(torch.randn(18, K).to(device))
+    nw = 1 if device == "cpu" else 4
+    outs = []
+    for bm, kind, half in ((4, "dp4a", False), (16, "mma", False), (16, "mma", True)):
+        plan = GroupedPlan(bm, 16, 128, nw, 1, split_k=split_k, kind=kind, tile_major=True, half_tiles=half)
+        outs.append(gemm_int4_b32_grouped(xq, xs, packed, scales, build_group_tiles(ids, E, bm), plan=plan))
+    assert_close_bf16(outs[0], grouped_ref(xq, xs, packed, scales, ids, N, K))
+    for o in outs[1:]:
+        assert torch.equal(outs[0].view(torch.int16), o.view(torch.int16))
+    assert counters_all_zero()
+    for bad in (GroupedPlan(8, 16, 128, nw, 1, kind="mma", half_tiles=True),
+                GroupedPlan(4, 16, 128, nw, 1, kind="dp4a", half_tiles=True),
+                GroupedPlan(16, 16, 128, nw, 1, kind="mma", half_tiles=1)):
+        with pytest.raises(ValueError, match="half_tiles"):
+            gemm_int4_b32_grouped(xq, xs, packed, scales, build_group_tiles(ids, E, bad.block_m), plan=bad)
+
+
+@pytest.mark.parametrize("split_k,tile_major,K", [(1, True, 352), (2, False, 352), (3, True, 352), (2, True, 512),
+                                                  (1, False, 512)])
+def test_grouped_mma_dp4a_and_tile_order_same_bits(device, split_k, tile_major, K):
     """The tensor-core tile (4-16 rows, NB blocks per batched dot) and the dp4a tile (4 rows) scale and fold
     the same block sums in the same order: the same bits for the same block_k and split_k, whichever grid
-    order runs the tiles. A K tail inside the last step, ragged N, an expert with no rows."""
-    E, N, K, L = 3, 40, 352, 21
+    order runs the tiles. A K tail inside the last step (K 352), or every split a whole number of steps
+    (K 512: the tensor-core tile's unmasked loop), ragged N, an expert with no rows."""
+    E, N, L = 3, 40, 21
     packed, scales = pack(E, N, K, device)
     ids = torch.randint(0, E - 1, (L,), dtype=torch.int32).to(device)
     xq, xs = quant_x_rows(torch.randn(L, K).to(device))

@@ -53,6 +53,7 @@ class GroupedPlan:
     split_k: int | None = None   # None: chosen from `waves` by resolve_grouped
     kind: str = "dp4a"           # "dp4a": grouped_dp4a.py; "mma": grouped_mma.py (tensor cores)
     tile_major: bool = False     # grid (tiles, splits, N tiles): an expert's tiles for one N range run together
+    half_tiles: bool = False     # mma, block_m >= 16: a tile of at most block_m / 2 rows runs a loop half as tall
 
 
 # Per generation: rows (smallest N * K per expert, smallest R rows, smallest K / N, plan); the first row
@@ -217,6 +218,8 @@ def resolve_grouped(plan: GroupedPlan | None, N: int, K: int, L: int, E: int, de
             or plan.block_n < 1):
         raise ValueError(f"a grouped plan needs block_m a power of two (>= 4 for mma, <= 8 for dp4a: rows "
                          f"unrolled per program) and block_n >= 1, got {plan}")
+    if not isinstance(plan.half_tiles, bool) or (plan.half_tiles and (plan.kind != "mma" or bm < 16)):
+        raise ValueError(f"plan.half_tiles is a bool, True only for an mma plan of block_m >= 16, got {plan}")
     min_bk = 128 if plan.kind == "dp4a" else 32
     if bk < min_bk or bk & (bk - 1):
         raise ValueError(f"a {plan.kind} grouped plan needs block_k a power of two >= {min_bk}, got {plan}")

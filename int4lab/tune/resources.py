@@ -47,8 +47,9 @@ GROUPED_VARIANTS = [
     ("grouped mma bm16 bn64 bk32 w4 (one block per step)", "mma", 16, 64, 32, 4, 1, 1, False),
     ("grouped mma bm16 bn64 bk128 w4, combine", "mma", 16, 64, 128, 4, 1, 8, True)]
 
-# The one-launch MoE step: (label, block_n, block_k, num_warps, gate_up split, down split, top-k, rows first)
-FUSED_VARIANTS = [("moe one launch bn32 bk1024 w4, one token", 32, 1024, 4, 1, 1, 8, False)]
+# The one-launch MoE step: (label, block_n, block_k, num_warps, gate_up split, down split, top-k, down tiles
+# asked of L2 before the wait)
+FUSED_VARIANTS = [("moe one launch bn32 bk1024 w4, one token", 32, 1024, 4, 1, 1, 8, 1)]
 
 
 def _tool(name):
@@ -88,7 +89,7 @@ def compile_variant(kind, bn, bk, nw, ns, flag, x_mode, split_k, arch=90):
                           target=GPUTarget("cuda", arch, 32), options={"num_warps": nw, "num_stages": ns})
 
 
-def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, tile_major, arch=90):
+def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, tile_major, arch=90, even_k=False, half_tiles=False):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -105,6 +106,9 @@ def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, tile_major, arch=90):
            "BLOCK_K": bk, "HAS_W": topk > 1}
     cst["TILE_MAJOR"] = tile_major
     cst["USE_ASM"] = True
+    if not dp4a:
+        cst["EVEN_K"] = even_k
+        cst["HALF_TILES"] = half_tiles
     sig.update({k: "constexpr" for k in cst})
     names = list(sig)
     aligned = [k for k, t in sig.items() if t.startswith("*")] + ["stride_x", "stride_we", names[18], "stride_se", "KB"]
@@ -115,7 +119,7 @@ def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, tile_major, arch=90):
                                                                        "num_stages": 2 if dp4a else 3})
 
 
-def compile_fused(bn, bk, nw, gu_split, dn_split, topk, rows_first, arch=90):
+def compile_fused(bn, bk, nw, gu_split, dn_split, topk, pf_tiles, arch=90):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -128,7 +132,7 @@ def compile_fused(bn, bk, nw, gu_split, dn_split, topk, rows_first, arch=90):
            "dn_kw": "i32", "dn_se": "i32", "dn_kb": "i32"}
     cst = {"TOPK": topk, "GU_TILES_PER_SPLIT": 2, "GU_SPLIT": gu_split, "DN_TILES_PER_SPLIT": 1,
            "DN_SPLIT": dn_split, "BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": False, "USE_ASM": True,
-           "ROWS_FIRST": rows_first, "RESET_BLOCK": 8}
+           "PF_TILES": pf_tiles, "RESET_BLOCK": 8}
     sig.update({k: "constexpr" for k in cst})
     names = list(sig)
     aligned = [k for k, t in sig.items() if t.startswith("*")] + ["H", "I", "stride_x"] + names[19:27]
