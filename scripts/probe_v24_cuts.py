@@ -11,7 +11,11 @@ Per (model, tokens): the grouped MoE step with the table's plans, variants alter
 checked; the bench's routing and timer, weights rotated past L2.
     PYTHONPATH=$PWD python3 scripts/probe_v24_cuts.py $OUT            # timing -> $OUT/probe_v24_cuts_h200.json
     ncu ... python3 scripts/probe_v24_cuts.py --ncu                   # one gate_up launch per variant, profiled
+--set=leave_out (v26b) times the previous kernel with one of its loop's loads left out instead (x, x's scales,
+the weights' scales, both scales, all three; the bits differ, so only the time is kept):
+    PYTHONPATH=$PWD python3 scripts/probe_v24_cuts.py $OUT --set=leave_out   # -> probe_v26b_leave_out_h200.json
 """
+import dataclasses
 import importlib.util
 import json
 import re
@@ -68,8 +72,76 @@ def codes16_on_prev(src):
     return sub(src, "y = fold_blocks(", "y = 0.0625 * fold_blocks(")
 
 
-SOURCES = {"prev": PREV, "tree": TREE, "tree_masked": masked(TREE), "refactor": undo_order(undo_codes16(TREE)),
-           "codes16": codes16_on_prev(PREV), "order": undo_codes16(TREE)}
+A_LOAD = "a = tl.load(a_rows + kb[:, None, None] * 32, mask=live[:, None, None] & m_mask[None, :, None], other=0)"
+AS_LOAD = "asc = tl.load(as_rows + kb[:, None], mask=live[:, None] & m_mask[None, :], other=0.0)"
+WS_LOAD = "wsc = tl.load(s_rows + kb[:, None], mask=live[:, None] & n_mask[None, :], other=0.0).to(tl.float32)"
+
+
+def no_x(src):
+    """x loaded once before the loop (the first step's blocks reused): the loop reads no x."""
+    src = sub(src, "        for i in range(0, TILES_PER_SPLIT):",
+              "        a0 = tl.load(a_rows + offs_b[:, None, None] * 32, mask=m_mask[None, :, None], other=0)\n"
+              "        for i in range(0, TILES_PER_SPLIT):")
+    return sub(src, A_LOAD, "a = a0")
+
+
+def no_asc(src):
+    return sub(src, AS_LOAD, "asc = tl.full([NB, BLOCK_M], 1.0, tl.float32)")
+
+
+def no_wsc(src):
+    return sub(src, WS_LOAD, "wsc = tl.full([NB, BLOCK_N], 1.0, tl.float32)")
+
+
+def hint(src, load, **kw):
+    """A cache hint on one of the loop's scale loads (same bits)."""
+    args = "".join(f", {k}={v!r}" for k, v in kw.items())
+    return sub(src, load, load.replace(", other=0.0)", f", other=0.0{args})"))
+
+
+def dead_rows_read(src):
+    """x and its scales loaded for the tile's dead rows too (their order entry is 0: x row 0), as v24 does."""
+    src = sub(src, A_LOAD, A_LOAD.replace("live[:, None, None] & m_mask[None, :, None]", "live[:, None, None]"))
+    return sub(src, AS_LOAD, AS_LOAD.replace("live[:, None] & m_mask[None, :]", "live[:, None]"))
+
+
+def n_clamped(src):
+    """Weight and scale addresses from min(n, N - 1), as v24 computes them (the masks kept)."""
+    src = sub(src, "offs_n[None, :, None].to(tl.int64) * KH", "tl.minimum(offs_n, N - 1)[None, :, None].to(tl.int64) * KH")
+    return sub(src, "offs_n[None, :].to(tl.int64) * KB", "tl.minimum(offs_n, N - 1)[None, :].to(tl.int64) * KB")
+
+
+def rows_masked(src):
+    """v24 with the tile's dead rows masked out of the x and x-scale loads again (not read), EVEN_K or not."""
+    src = sub(src, "a = tl.load(a_rows + kb[:, None, None] * 32)\n",
+              "a = tl.load(a_rows + kb[:, None, None] * 32, mask=m_mask[None, :, None], other=0)\n")
+    src = sub(src, "asc = tl.load(as_rows + kb[:, None])\n", "asc = tl.load(as_rows + kb[:, None], mask=m_mask[None, :], other=0.0)\n")
+    src = sub(src, "a = tl.load(a_rows + kb[:, None, None] * 32, mask=live[:, None, None], other=0)",
+              "a = tl.load(a_rows + kb[:, None, None] * 32, mask=live[:, None, None] & m_mask[None, :, None], other=0)")
+    return sub(src, "asc = tl.load(as_rows + kb[:, None], mask=live[:, None], other=0.0)",
+               "asc = tl.load(as_rows + kb[:, None], mask=live[:, None] & m_mask[None, :], other=0.0)")
+
+
+SETS = {  # v26: v24's cuts one at a time
+        "cuts": {"prev": PREV, "tree": TREE, "tree_masked": masked(TREE), "refactor": undo_order(undo_codes16(TREE)),
+                 "codes16": codes16_on_prev(PREV), "order": undo_codes16(TREE)},
+        # v26b: the previous kernel with one of its loop's loads left out (timing only: the bits differ)
+        "leave_out": {"prev": PREV, "no_x": no_x(PREV), "no_asc": no_asc(PREV), "no_wsc": no_wsc(PREV),
+                      "no_scales": no_wsc(no_asc(PREV)), "no_x_no_scales": no_x(no_wsc(no_asc(PREV)))},
+        # v26c: the previous kernel with its scale loads asked to stay in L1 / L2 (same bits)
+        "hints": {"prev": PREV, "wsc_evict_last": hint(PREV, WS_LOAD, eviction_policy="evict_last"),
+                  "scales_evict_last": hint(hint(PREV, WS_LOAD, eviction_policy="evict_last"), AS_LOAD,
+                                            eviction_policy="evict_last"),
+                  "scales_ca": hint(hint(PREV, WS_LOAD, cache_modifier=".ca"), AS_LOAD, cache_modifier=".ca")},
+        # v26d: the previous kernel with one part of v24's _tile body each (same bits)
+        "parts": {"prev": PREV, "dead_rows_read": dead_rows_read(PREV), "n_clamped": n_clamped(PREV),
+                  "refactor": undo_order(undo_codes16(TREE))},
+        # v27: v24 and v25 with the dead rows not read; "+half" runs the table's plans with half_tiles (block_m
+        # 16 where the table has 8)
+        "v27": {"prev": PREV, "rows_masked": rows_masked(TREE), "rows_masked+half": rows_masked(TREE),
+                "codes16": codes16_on_prev(PREV)}}
+SET = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--set=")), "cuts")
+SOURCES = SETS[SET]
 
 
 def load(label, src):
@@ -100,7 +172,7 @@ dev = torch.device("cuda")
 l2 = timing.l2_bytes()
 torch.manual_seed(0)
 
-if sys.argv[1:] == ["--ncu"]:
+if "--ncu" in sys.argv:
     # Mixtral gate_up at 32 tokens (bm16): each variant twice (compile, warm), then once each, profiled:
     # ncu --launch-skip 12 --launch-count 6 in this order of SOURCES
     from int4lab.kernels.grouped import build_group_tiles, gemm_int4_b32_grouped
@@ -120,30 +192,38 @@ if sys.argv[1:] == ["--ncu"]:
     sys.exit(0)
 
 out_dir = sys.argv[1]
-res = {"provenance": provenance("python3 scripts/probe_v24_cuts.py $OUT"),
+name = "probe_v24_cuts_h200.json" if SET == "cuts" else f"probe_v26b_{SET}_h200.json"
+res = {"provenance": provenance(f"python3 scripts/probe_v24_cuts.py $OUT --set={SET}"), "set": SET,
        "method": "int4lab.bench.timing (median of 20 replays, p10 / p90); variants alternate, twice",
        "variants": list(SOURCES), "rows": []}
-for model, T in (("mixtral", 32), ("olmoe", 64), ("mixtral", 64), ("olmoe", 32), ("mixtral", 16)):
+ROWS = {"cuts": (("mixtral", 32), ("olmoe", 64), ("mixtral", 64), ("olmoe", 32), ("mixtral", 16)),
+        "leave_out": (("mixtral", 32), ("mixtral", 64), ("olmoe", 64), ("olmoe", 32))}
+ROWS["hints"] = ROWS["parts"] = ROWS["leave_out"]
+ROWS["v27"] = ROWS["cuts"] + (("qwen3", 64),)
+for model, T in ROWS[SET]:
     m = MODELS[model]
     E, A, H, I = m.n_experts, m.top_k, m.hidden, m.intermediate
     x, ids, tw, w, act, nbytes = moe_setup(m, T, dev, l2)
     copies = len(w)
     pp = (grouped_plan(2 * I, H, T * A, E, dev), grouped_plan(H, I, T * A, E, dev))
+    pp_half = tuple(dataclasses.replace(p, block_m=max(16, p.block_m), half_tiles=True) if p.kind == "mma" else p
+                    for p in pp)
     row = {"model": model, "tokens": T, "copies": copies, "bytes": nbytes, "n_active": act,
            "plans": [str(p) for p in pp], "us": {}}
     outs = {}
     for rep in range(2):
         for label, kern in KERNELS.items():
             grouped.grouped_mma_kernel = kern
-            outs[label] = moe_decode_grouped(x, ids, tw, *w[0], plan=pp)
+            plans = pp_half if label.endswith("+half") else pp
+            outs[label] = moe_decode_grouped(x, ids, tw, *w[0], plan=plans)
             s = timing.summarise(timing.time_calls(
-                [lambda i=i: moe_decode_grouped(x, ids, tw, *w[i], plan=pp) for i in range(copies)]))
+                [lambda i=i: moe_decode_grouped(x, ids, tw, *w[i], plan=plans) for i in range(copies)]))
             row["us"].setdefault(label, []).append([round(s["us"], 2), round(s["p10_us"], 2), round(s["p90_us"], 2)])
     row["compiled"] = {k: compiled(kern) for k, kern in KERNELS.items()}
     row["same_bits"] = {k: torch.equal(outs["prev"].view(torch.int16), o.view(torch.int16)) for k, o in outs.items()}
     res["rows"].append(row)
     print(model, T, all(row["same_bits"].values()), {k: [v[0] for v in vs] for k, vs in row["us"].items()},
           flush=True)
-    json.dump(res, open(f"{out_dir}/probe_v24_cuts_h200.json", "w"), indent=1)
+    json.dump(res, open(f"{out_dir}/{name}", "w"), indent=1)
     del w
     torch.cuda.empty_cache()
