@@ -7,6 +7,8 @@ alone, built at run time from two sources by exact text substitutions (each asse
   refactor    the _tile body only: v24 with both decode cuts undone (codes n - 8, interleave, no 1/16)
   codes16     prev with 16 x codes only (still interleaved, masked)
   order       v24 with codes n - 8 (word order, unmasked where even)
+The sets other than `final` (v28) rewrite the v24 kernel: they run on the tree of commit 5e98f8e, where
+int4lab/kernels/grouped_mma.py is v24's (on a later tree their substitutions fail by assertion).
 Per (model, tokens): the grouped MoE step with the table's plans, variants alternating, twice, same bits
 checked; the bench's routing and timer, weights rotated past L2.
     PYTHONPATH=$PWD python3 scripts/probe_v24_cuts.py $OUT            # timing -> $OUT/probe_v24_cuts_h200.json
@@ -123,25 +125,29 @@ def rows_masked(src):
 
 
 SETS = {  # v26: v24's cuts one at a time
-        "cuts": {"prev": PREV, "tree": TREE, "tree_masked": masked(TREE), "refactor": undo_order(undo_codes16(TREE)),
-                 "codes16": codes16_on_prev(PREV), "order": undo_codes16(TREE)},
+        "cuts": lambda: {"prev": PREV, "tree": TREE, "tree_masked": masked(TREE),
+                         "refactor": undo_order(undo_codes16(TREE)), "codes16": codes16_on_prev(PREV),
+                         "order": undo_codes16(TREE)},
         # v26b: the previous kernel with one of its loop's loads left out (timing only: the bits differ)
-        "leave_out": {"prev": PREV, "no_x": no_x(PREV), "no_asc": no_asc(PREV), "no_wsc": no_wsc(PREV),
-                      "no_scales": no_wsc(no_asc(PREV)), "no_x_no_scales": no_x(no_wsc(no_asc(PREV)))},
+        "leave_out": lambda: {"prev": PREV, "no_x": no_x(PREV), "no_asc": no_asc(PREV), "no_wsc": no_wsc(PREV),
+                              "no_scales": no_wsc(no_asc(PREV)), "no_x_no_scales": no_x(no_wsc(no_asc(PREV)))},
         # v26c: the previous kernel with its scale loads asked to stay in L1 / L2 (same bits)
-        "hints": {"prev": PREV, "wsc_evict_last": hint(PREV, WS_LOAD, eviction_policy="evict_last"),
-                  "scales_evict_last": hint(hint(PREV, WS_LOAD, eviction_policy="evict_last"), AS_LOAD,
-                                            eviction_policy="evict_last"),
-                  "scales_ca": hint(hint(PREV, WS_LOAD, cache_modifier=".ca"), AS_LOAD, cache_modifier=".ca")},
+        "hints": lambda: {"prev": PREV, "wsc_evict_last": hint(PREV, WS_LOAD, eviction_policy="evict_last"),
+                          "scales_evict_last": hint(hint(PREV, WS_LOAD, eviction_policy="evict_last"), AS_LOAD,
+                                                    eviction_policy="evict_last"),
+                          "scales_ca": hint(hint(PREV, WS_LOAD, cache_modifier=".ca"), AS_LOAD, cache_modifier=".ca")},
         # v26d: the previous kernel with one part of v24's _tile body each (same bits)
-        "parts": {"prev": PREV, "dead_rows_read": dead_rows_read(PREV), "n_clamped": n_clamped(PREV),
-                  "refactor": undo_order(undo_codes16(TREE))},
+        "parts": lambda: {"prev": PREV, "dead_rows_read": dead_rows_read(PREV), "n_clamped": n_clamped(PREV),
+                          "refactor": undo_order(undo_codes16(TREE))},
         # v27: v24 and v25 with the dead rows not read; "+half" runs the table's plans with half_tiles (block_m
         # 16 where the table has 8)
-        "v27": {"prev": PREV, "rows_masked": rows_masked(TREE), "rows_masked+half": rows_masked(TREE),
-                "codes16": codes16_on_prev(PREV)}}
+        "v27": lambda: {"prev": PREV, "rows_masked": rows_masked(TREE), "rows_masked+half": rows_masked(TREE),
+                        "codes16": codes16_on_prev(PREV)},
+        # v28: the landed kernel (v27's half loops on the previous decode) against the previous one, both under
+        # the table's plans (which now ask for half loops; the previous kernel ignores the flag)
+        "final": lambda: {"prev": PREV, "tree": TREE}}
 SET = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--set=")), "cuts")
-SOURCES = SETS[SET]
+SOURCES = SETS[SET]()
 
 
 def load(label, src):
@@ -192,13 +198,14 @@ if "--ncu" in sys.argv:
     sys.exit(0)
 
 out_dir = sys.argv[1]
-name = "probe_v24_cuts_h200.json" if SET == "cuts" else f"probe_v26b_{SET}_h200.json"
+name = {"cuts": "probe_v24_cuts_h200.json", "final": "probe_v28_final_h200.json"}.get(SET, f"probe_v26b_{SET}_h200.json")
 res = {"provenance": provenance(f"python3 scripts/probe_v24_cuts.py $OUT --set={SET}"), "set": SET,
        "method": "int4lab.bench.timing (median of 20 replays, p10 / p90); variants alternate, twice",
        "variants": list(SOURCES), "rows": []}
 ROWS = {"cuts": (("mixtral", 32), ("olmoe", 64), ("mixtral", 64), ("olmoe", 32), ("mixtral", 16)),
         "leave_out": (("mixtral", 32), ("mixtral", 64), ("olmoe", 64), ("olmoe", 32))}
 ROWS["hints"] = ROWS["parts"] = ROWS["leave_out"]
+ROWS["final"] = ROWS["cuts"] + (("qwen3", 64),)
 ROWS["v27"] = ROWS["cuts"] + (("qwen3", 64),)
 for model, T in ROWS[SET]:
     m = MODELS[model]

@@ -332,7 +332,8 @@ def test_grouped_mma_matches_reference(device, split_k, block_k):
 @pytest.mark.parametrize("split_k", [1, 2])
 def test_grouped_mma_half_tiles_same_bits(device, split_k):
     """plan.half_tiles: a tile with at most block_m / 2 live rows runs the loop of half the height. Experts of
-    5 rows (half loop), 13 rows (full loop) and none: the same bits as the full-height tile and the dp4a tile."""
+    5 rows (half loop), 13 rows (full loop) and none: the same bits as the full-height tile and the dp4a tile.
+    Plans that cannot halve (block_m 8, dp4a, a non-bool) are refused by name."""
     E, N, K = 3, 40, 256
     packed, scales = pack(E, N, K, device)
     ids = torch.tensor([0] * 5 + [1] * 13, dtype=torch.int32)[torch.randperm(18)].to(device)
@@ -358,8 +359,8 @@ def test_grouped_mma_half_tiles_same_bits(device, split_k):
 def test_grouped_mma_dp4a_and_tile_order_same_bits(device, split_k, tile_major, K):
     """The tensor-core tile (4-16 rows, NB blocks per batched dot) and the dp4a tile (4 rows) scale and fold
     the same block sums in the same order: the same bits for the same block_k and split_k, whichever grid
-    order runs the tiles. A K tail inside the last step (K 352), or every split a whole number of steps
-    (K 512: the tensor-core tile's unmasked loop), ragged N, an expert with no rows."""
+    order runs the tiles. A K tail inside the last step (K 352) or every split a whole number of steps
+    (K 512), ragged N, an expert with no rows."""
     E, N, L = 3, 40, 21
     packed, scales = pack(E, N, K, device)
     ids = torch.randint(0, E - 1, (L,), dtype=torch.int32).to(device)
@@ -539,6 +540,7 @@ def test_grouped_table_rule(monkeypatch):
 
     def height(N, K, T, A, E):
         p = plan_mod.grouped_plan(N, K, T * A, E, "cpu")
+        assert p.half_tiles == (p.block_m >= 16)       # v27: the 16- and 32-row tiles run half loops
         return p.kind, p.block_m
     mixtral_gu, olmoe_gu = (28672, 4096), (2048, 2048)
     assert [height(*mixtral_gu, T, 2, 8) for T in (8, 16, 32, 64)] == [("dp4a", 1), ("mma", 16), ("mma", 16),
@@ -546,6 +548,12 @@ def test_grouped_table_rule(monkeypatch):
     assert [height(4096, 14336, T, 2, 8) for T in (16, 32)] == [("mma", 16), ("mma", 16)]    # down: same tiles
     assert [height(*olmoe_gu, T, 8, 64) for T in (16, 32, 64, 128)] == [("dp4a", 1), ("mma", 8), ("mma", 16),
                                                                          ("mma", 32)]
+    # a caller's shorter or dp4a tile on a half-loop row drops the half loops instead of being refused
+    for over in (dict(block_m=8), dict(block_m=4, kind="dp4a", block_k=512)):
+        p = plan_mod.grouped_plan(*mixtral_gu, 64, 8, "cpu", **over)
+        assert (p.block_m, p.half_tiles) == (over["block_m"], False)
+    with pytest.raises(ValueError, match="half_tiles"):
+        plan_mod.grouped_plan(*mixtral_gu, 64, 8, "cpu", block_m=8, half_tiles=True)
     # v22: the down GEMM of Mixtral's few N tiles split at 16 and 64 tokens, never gate_up, never OLMoE at 64
     split = {T: (plan_mod.grouped_plan(*mixtral_gu, 2 * T, 8, "cpu").split_k,
                  plan_mod.grouped_plan(4096, 14336, 2 * T, 8, "cpu").split_k) for T in (8, 16, 32, 64)}

@@ -235,8 +235,7 @@ def gemm_int4_b32_grouped(xq, xs, packed, scales, tiles: GroupTiles, *, rows_per
         grouped_mma_kernel[grid](
             xq, xs, packed, scales, tiles.order, tiles.row0, tiles.rows, tiles.group, out, part, cnt, tw,
             L, N, E, xq.stride(0), xs.stride(0), N * K // 2, K // 2, N * K // 32, K // 32, USE_ASM=not interpreting(),
-            EVEN_K=K % p.block_k == 0 and (K // p.block_k) % sk == 0, HALF_TILES=p.half_tiles and p.block_m >= 16,
-            **common)
+            HALF_TILES=p.half_tiles, **common)
     return out
 
 

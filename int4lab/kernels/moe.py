@@ -38,7 +38,6 @@ from .._checks import (FLOAT_DTYPES, check_contiguous, check_devices, check_ids,
 from . import plan as _plan
 from .epilogue import to_bf16_rne
 from .gemv import X_FLOAT, X_SWIGLU, _launch_gemv, _workspace
-from .gemv_dp4a import PDL_TILES
 from .moe_fused import moe_fused_kernel
 from .grouped import build_group_tiles, gemm_int4_b32_grouped
 from .quant import quant_x_rows, swiglu_quant_rows
@@ -152,7 +151,7 @@ def moe_decode_routed(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_
         tile = ("block_n", "block_k", "num_warps", "kind", "prefetch")
         if p_gu.kind == "dp4a" and all(getattr(p_gu, f) == getattr(p_dn, f) for f in tile):
             return _moe_fused(x, eids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales,
-                              p_gu, p_dn)
+                              p_gu, p_dn, rm)
     pdl = _plan.moe_pdl(dev, H * I) if pdl is None else bool(pdl)
     # gate_up: row r = t*A + j reads token t (r // A), quantised in the GEMV's prologue.
     h = _launch_gemv(x, None, gate_up_packed, gate_up_scales, eids, 2 * I, H, L, x_mode=X_FLOAT, rows_per_x=A,
@@ -162,7 +161,7 @@ def moe_decode_routed(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_
                         split_k=split_k, plan=plan, pdl=2 if pdl else 0, row_major=rm)
 
 
-def _moe_fused(x, eids, topk_w, gu_p, gu_s, dn_p, dn_s, p_gu, p_dn):
+def _moe_fused(x, eids, topk_w, gu_p, gu_s, dn_p, dn_s, p_gu, p_dn, rows_first):
     """The routed step as one launch of moe_fused_kernel (inputs validated; plans share their tile)."""
     T, H = x.shape
     L, A = eids.shape[0], topk_w.shape[1]
@@ -187,8 +186,7 @@ def _moe_fused(x, eids, topk_w, gu_p, gu_s, dn_p, dn_s, p_gu, p_dn):
         2 * I * H // 8, H // 8, 2 * I * H // 32, H // 32, H * I // 8, I // 8, H * I // 32, I // 32,
         TOPK=A, GU_TILES_PER_SPLIT=triton.cdiv(triton.cdiv(H, bk), sk_gu), GU_SPLIT=sk_gu,
         DN_TILES_PER_SPLIT=triton.cdiv(triton.cdiv(I, bk), sk_dn), DN_SPLIT=sk_dn, BLOCK_N=bn, BLOCK_K=bk,
-        PREFETCH=p_gu.prefetch, USE_ASM=not interpreting(),
-        PF_TILES=0 if interpreting() else min(triton.cdiv(triton.cdiv(I, bk), sk_dn), PDL_TILES),
+        PREFETCH=p_gu.prefetch, USE_ASM=not interpreting(), ROWS_FIRST=rows_first,
         RESET_BLOCK=triton.next_power_of_2(L),
         num_warps=p_gu.num_warps, num_stages=p_gu.num_stages)
     return out

@@ -8,14 +8,12 @@ grid has finished, so the SMs idle in gate_up's last, partial wave and in down's
 Here one grid holds both GEMVs' programs, and a down program waits only for ITS row of h.
 
 Measured on the H200 (notes/perf.md v17, v17b): never faster than the two launches (Mixtral equal, OLMoE and
-Qwen3 1.3-1.7x slower: a waiting down program holds its SM slot, and v17b's row-by-row order for one token made
-most down programs wait), so plan.MOE_FUSED is off everywhere. v23 (branch next/fused-prefetch, not yet timed):
-rows-first order at every batch, sleeping polls, and the waiting down programs' weights asked of L2 first.
+Qwen3 1.3-1.7x slower: a waiting down program holds its SM slot), so plan.MOE_FUSED is off everywhere; the
+kernel stays, tested, as the measured answer to the one-launch question.
 
 Tickets (why this cannot deadlock). Program p's role is not its program id but a ticket, taken with an
-atomic add when it starts (`_role`: every gate_up ticket first, each GEMV in the routed grid's rows-first
-order). A down program asks L2 for its first PF_TILES weight tiles before it waits (the weights never depend
-on h), so its DRAM reads overlap gate_up's last wave instead of following it (v23). A down
+atomic add when it starts (`_role`: for one token row by row, a row's gate_up tickets then its down
+tickets; for several tokens every gate_up ticket first, each GEMV in the routed grid's order). A down
 program waits on ready[row] until all SK_gu * NT_gu gate_up programs of its row have written their part of
 h; those programs hold lower tickets, so each has already started on some SM, and a started gate_up
 program never waits: every wait ends, whatever order the hardware schedules the programs in or how many fit
@@ -33,22 +31,30 @@ In the CPU interpreter programs run one at a time in id order, so tickets equal 
 import triton
 import triton.language as tl
 
-from .epilogue import routed_expert
-from .gemv_dp4a import X_FLOAT, X_SWIGLU, _prefetch_l2, expert_tile, gemv_tile
+from .gemv_dp4a import X_FLOAT, X_SWIGLU, gemv_tile
 
 GU_X, DN_X = tl.constexpr(X_FLOAT), tl.constexpr(X_SWIGLU)     # how x and h reach the two GEMVs' tiles
 
 
 @triton.jit
-def _role(ticket, L, NT_GU, GU_SPLIT: tl.constexpr, DN_SPLIT: tl.constexpr):
-    """(is gate_up, pid_n, row, split) of a ticket: every gate_up ticket first, then every down ticket, each
-    GEMV in the routed grid's rows-first order (R, SK, NT: row fastest, then split), so all rows finish
-    gate_up together and a down program waits only for gate_up's last wave."""
-    G = L * GU_SPLIT * NT_GU
-    is_gu = ticket < G
-    q = tl.where(is_gu, ticket, ticket - G)
-    sk = tl.where(is_gu, GU_SPLIT, DN_SPLIT)
-    pid_n, r, split = q // (L * sk), q % L, (q // L) % sk
+def _role(ticket, L, NT_GU, NT_DN, GU_SPLIT: tl.constexpr, DN_SPLIT: tl.constexpr, ROWS_FIRST: tl.constexpr):
+    """(is gate_up, pid_n, row, split) of a ticket. Rows first (several tokens): every gate_up ticket, then
+    every down ticket. One token: row by row, each row's gate_up tickets then its down tickets, so a row's
+    down programs start while later rows' gate_up runs (a down program still waits only on lower tickets)."""
+    if ROWS_FIRST:
+        G = L * GU_SPLIT * NT_GU
+        is_gu = ticket < G
+        q = tl.where(is_gu, ticket, ticket - G)
+        sk = tl.where(is_gu, GU_SPLIT, DN_SPLIT)        # the grid (R, SK, NT): row fastest, then split
+        pid_n, r, split = q // (L * sk), q % L, (q // L) % sk
+    else:
+        per_row = GU_SPLIT * NT_GU + DN_SPLIT * NT_DN
+        r = ticket // per_row
+        q = ticket % per_row
+        is_gu = q < GU_SPLIT * NT_GU
+        q = tl.where(is_gu, q, q - GU_SPLIT * NT_GU)
+        nt = tl.where(is_gu, NT_GU, NT_DN)
+        pid_n, split = q % nt, q // nt
     return is_gu, pid_n, r, split
 
 
@@ -77,7 +83,7 @@ def moe_fused_kernel(
     # Meta-parameters
     TOPK: tl.constexpr, GU_TILES_PER_SPLIT: tl.constexpr, GU_SPLIT: tl.constexpr,
     DN_TILES_PER_SPLIT: tl.constexpr, DN_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PREFETCH: tl.constexpr, USE_ASM: tl.constexpr, PF_TILES: tl.constexpr, RESET_BLOCK: tl.constexpr,
+    PREFETCH: tl.constexpr, USE_ASM: tl.constexpr, ROWS_FIRST: tl.constexpr, RESET_BLOCK: tl.constexpr,
 ):
     """One program: a gate_up tile or a down tile, by ticket (module doc). Grid: (G + D,) programs.
 
@@ -91,7 +97,7 @@ def moe_fused_kernel(
     TOTAL = L * (GU_SPLIT * NT_GU + DN_SPLIT * NT_DN)
     ready = sync_ptr + 2
     ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
-    is_gu, pid_n, r, split = _role(ticket, L, NT_GU, GU_SPLIT, DN_SPLIT)
+    is_gu, pid_n, r, split = _role(ticket, L, NT_GU, NT_DN, GU_SPLIT, DN_SPLIT, ROWS_FIRST)
     if is_gu:
         gemv_tile(x_ptr, x_ptr, gu_w, gu_s, eid_ptr, h_ptr, gu_part, gu_cnt, tw_ptr, pid_n, r, split,
                   L, 2 * I, H, E, stride_x, 0, gu_we, gu_kw, gu_se, gu_kb, GU_X, TOPK, GU_TILES_PER_SPLIT,
@@ -99,11 +105,6 @@ def moe_fused_kernel(
         tl.debug_barrier()                    # every thread's h (or partial) store is done before the release
         tl.atomic_add(ready + r, 1, sem="release", scope="gpu")
     else:
-        if PF_TILES > 0:    # the weights do not depend on h: ask L2 for them while gate_up finishes
-            e, _ = routed_expert(eid_ptr, r, E, True)
-            _, n_mask, w_rows, _ = expert_tile(dn_w, dn_s, e, dn_we, dn_se, pid_n, H, dn_kw, dn_kb, BLOCK_N)
-            _prefetch_l2(w_rows, n_mask, split * DN_TILES_PER_SPLIT, dn_kw, dn_w + e * dn_we, BLOCK_N, BLOCK_K // 8,
-                         PF_TILES)
         _wait_at_least(ready + r, GU_SPLIT * NT_GU, USE_ASM)
         tl.debug_barrier()                    # the acquire above is ordered before every thread's h loads
         gemv_tile(h_ptr, h_ptr, dn_w, dn_s, eid_ptr, out_ptr, dn_part, dn_cnt, tw_ptr, pid_n, r, split,

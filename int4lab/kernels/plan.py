@@ -89,16 +89,19 @@ GROUPED_TABLE = {
     # 8 at 16 rows, from 16 at 32 (an expert of 17-32 rows read by one tile, not two). Waves 2 on the Mixtral-16-token
     # row and the 32-row row split a down GEMM of few N tiles (v22, data/receipts/probe_split_grouped_h200.json:
     # Mixtral 16 tokens 399 -> 392 us at split 4, 64 tokens 615 -> 573 at split 2) and leave gate_up unsplit;
-    # a split lost on the 16-row row (Mixtral 32, OLMoE 64: +0.3 / +7 %), which keeps waves 0.25.
+    # a split lost on the 16-row row (Mixtral 32, OLMoE 64: +0.3 / +7 %), which keeps waves 0.25. The 16- and
+    # 32-row tiles run half-height loops for tiles of at most half their rows (v27,
+    # data/receipts/probe_v26b_v27_h200.json: Mixtral 16 / 32 / 64 tokens and OLMoE 64 3-4 % faster; at 8 rows a
+    # 16-row tile with half loops lost 3-6 %, so the 8-row tile stays).
     "sm90": ((0.0, 0, GroupedPlan(block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=2, tile_major=True)),
              (4.0, 0, GroupedPlan(block_m=8, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
                                   tile_major=True)),
              (4.0, 32 * 2**20, GroupedPlan(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3,
-                                           kind="mma", tile_major=True, waves=2.0)),
+                                           kind="mma", tile_major=True, waves=2.0, half_tiles=True)),
              (8.0, 0, GroupedPlan(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
-                                  tile_major=True)),
+                                  tile_major=True, half_tiles=True)),
              (16.0, 0, GroupedPlan(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
-                                   tile_major=True, waves=2.0))),
+                                   tile_major=True, waves=2.0, half_tiles=True))),
     "interp": ((0.0, 0, GroupedPlan(block_m=4, block_n=32, block_k=256, num_warps=1, num_stages=1, waves=1.0,
                                     tile_major=True)),),
 }
@@ -192,14 +195,18 @@ def _finish(base: GemvPlan, N: int, K: int, R: int, device, split_k: int | None)
 
 def grouped_plan(N: int, K: int, L: int, E: int, device, split_k: int | None = None, **override) -> GroupedPlan:
     """The grouped plan for L routed rows over E experts of N x K weights: the table row for the mean rows
-    per routed expert L / min(E, L) and the weights per expert N * K, `override` fields applied, split-K
-    from `split_k` or the waves rule."""
+    per routed expert L / min(E, L) and the weights per expert N * K, `override` fields applied (a row's
+    half_tiles dropped where the override leaves no mma tile of 16 rows or more to halve), split-K from
+    `split_k` or the waves rule."""
     mean = L / max(1, min(E, L))
     row = None
     for min_mean, min_weights, p in GROUPED_TABLE[generation(device)]:
         if mean >= min_mean and N * K >= min_weights:
             row = p
-    return resolve_grouped(dataclasses.replace(row, **override), N, K, L, E, device, split_k)
+    plan = dataclasses.replace(row, **override)
+    if plan.half_tiles and "half_tiles" not in override and (plan.kind != "mma" or plan.block_m < 16):
+        plan = dataclasses.replace(plan, half_tiles=False)   # an overridden tile too short or not mma to halve
+    return resolve_grouped(plan, N, K, L, E, device, split_k)
 
 
 def resolve_grouped(plan: GroupedPlan | None, N: int, K: int, L: int, E: int, device,

@@ -35,7 +35,7 @@ VARIANTS = [("dp4a sm90 big row bn16 bk2048 w4, fused quant", "dp4a", 16, 2048, 
             ("mma v2 bn64 w4 s4 bk256 defer, codes in, split 4", "mma", 64, 256, 4, 4, True, 0, 4)]
 
 
-# Grouped kernels: (label, kind, block_m, block_n, block_k, num_warps, split_k, topk, tile_major)
+# Grouped kernels: (label, kind, block_m, block_n, block_k, num_warps, split_k, topk, tile_major[, half_tiles])
 GROUPED_VARIANTS = [
     ("grouped dp4a bm1 bn32 bk512 w4 tile-major (sm90 table, < 4 rows)", "dp4a", 1, 32, 512, 4, 1, 1, True),
     ("grouped dp4a bm1 bn32 bk1024 w4 (the routed row's tile)", "dp4a", 1, 32, 1024, 4, 1, 1, False),
@@ -45,11 +45,11 @@ GROUPED_VARIANTS = [
     ("grouped mma bm16 bn64 bk128 w4 tile-major (sm90 table, >= 8 rows)", "mma", 16, 64, 128, 4, 1, 1, True),
     ("grouped mma bm32 bn64 bk128 w4 tile-major (sm90 table, >= 16 rows)", "mma", 32, 64, 128, 4, 1, 1, True),
     ("grouped mma bm16 bn64 bk32 w4 (one block per step)", "mma", 16, 64, 32, 4, 1, 1, False),
-    ("grouped mma bm16 bn64 bk128 w4, combine", "mma", 16, 64, 128, 4, 1, 8, True)]
+    ("grouped mma bm16 bn64 bk128 w4, combine", "mma", 16, 64, 128, 4, 1, 8, True),
+    ("grouped mma bm16 bn64 bk128 w4 tile-major, half loops (sm90 table)", "mma", 16, 64, 128, 4, 1, 1, True, True)]
 
-# The one-launch MoE step: (label, block_n, block_k, num_warps, gate_up split, down split, top-k, down tiles
-# asked of L2 before the wait)
-FUSED_VARIANTS = [("moe one launch bn32 bk1024 w4, one token", 32, 1024, 4, 1, 1, 8, 1)]
+# The one-launch MoE step: (label, block_n, block_k, num_warps, gate_up split, down split, top-k, rows first)
+FUSED_VARIANTS = [("moe one launch bn32 bk1024 w4, one token", 32, 1024, 4, 1, 1, 8, False)]
 
 
 def _tool(name):
@@ -89,7 +89,7 @@ def compile_variant(kind, bn, bk, nw, ns, flag, x_mode, split_k, arch=90):
                           target=GPUTarget("cuda", arch, 32), options={"num_warps": nw, "num_stages": ns})
 
 
-def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, tile_major, arch=90, even_k=False, half_tiles=False):
+def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, tile_major, half_tiles=False, arch=90):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -106,9 +106,8 @@ def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, tile_major, arch=90, ev
            "BLOCK_K": bk, "HAS_W": topk > 1}
     cst["TILE_MAJOR"] = tile_major
     cst["USE_ASM"] = True
-    if not dp4a:
-        cst["EVEN_K"] = even_k
-        cst["HALF_TILES"] = half_tiles
+    if half_tiles:
+        cst["HALF_TILES"] = True
     sig.update({k: "constexpr" for k in cst})
     names = list(sig)
     aligned = [k for k, t in sig.items() if t.startswith("*")] + ["stride_x", "stride_we", names[18], "stride_se", "KB"]
@@ -119,7 +118,7 @@ def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, tile_major, arch=90, ev
                                                                        "num_stages": 2 if dp4a else 3})
 
 
-def compile_fused(bn, bk, nw, gu_split, dn_split, topk, pf_tiles, arch=90):
+def compile_fused(bn, bk, nw, gu_split, dn_split, topk, rows_first, arch=90):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -132,7 +131,7 @@ def compile_fused(bn, bk, nw, gu_split, dn_split, topk, pf_tiles, arch=90):
            "dn_kw": "i32", "dn_se": "i32", "dn_kb": "i32"}
     cst = {"TOPK": topk, "GU_TILES_PER_SPLIT": 2, "GU_SPLIT": gu_split, "DN_TILES_PER_SPLIT": 1,
            "DN_SPLIT": dn_split, "BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": False, "USE_ASM": True,
-           "PF_TILES": pf_tiles, "RESET_BLOCK": 8}
+           "ROWS_FIRST": rows_first, "RESET_BLOCK": 8}
     sig.update({k: "constexpr" for k in cst})
     names = list(sig)
     aligned = [k for k, t in sig.items() if t.startswith("*")] + ["H", "I", "stride_x"] + names[19:27]
