@@ -74,19 +74,6 @@ def check_packed(packed, scales, N: int, K: int, *, names=("packed", "scales")) 
                          f"got {tuple(packed.shape[:-2])} and {tuple(scales.shape[:-2])}")
 
 
-def scale_strides(name: str, scales: torch.Tensor) -> tuple[int, int, int]:
-    """(expert, column, block) element strides of float16 scales [..., N, K/32] that are row-major (contiguous)
-    or K-major (format.k_major_scales: block b of every column contiguous, experts dense); else ValueError."""
-    N, KB = scales.shape[-2], scales.shape[-1]
-    se = N * KB
-    if scales.is_contiguous():
-        return se, KB, 1
-    if scales.stride(-2) == 1 and scales.stride(-1) == N and (scales.dim() == 2 or scales.stride(0) == N * KB):
-        return se, 1, N
-    raise ValueError(f"{name} must be row-major (contiguous) or K-major (format.k_major_scales), "
-                     f"got strides {scales.stride()} for shape {tuple(scales.shape)}")
-
-
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 

@@ -99,17 +99,6 @@ def dequant_int4_ref(packed: torch.Tensor, scales: torch.Tensor, N: int, K: int)
     return (_blocks(q) * scales.float().unsqueeze(-1)).reshape(q.shape)
 
 
-def k_major_scales(scales: torch.Tensor) -> torch.Tensor:
-    """The same scales [..., N, K/32], stored K-major: block b of all N columns contiguous (strides (..., 1, N)).
-
-    A load-time copy for the MoE kernels (same values, same bits out): a tensor-core tile of BLOCK_N columns
-    then reads each step's scales as whole 32-byte sectors instead of 8 bytes of one sector per column
-    (notes/perf.md v29). The packed codes are unchanged; `.contiguous()` gives the row-major scales back.
-    """
-    check_tensor("scales", scales, (torch.float16,), (2, 3))
-    return scales.transpose(-1, -2).contiguous().transpose(-1, -2)
-
-
 def quant_x_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Activations x [R, K] (fp32/fp16/bf16) -> (int8 [R, K], float32 [R, K/32]).
 

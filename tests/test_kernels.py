@@ -452,57 +452,6 @@ def test_grouped_moe_plan_pair(device):
         moe_decode_grouped(x, ids, tw, *w, plan=(p, "bm4"))
 
 
-@pytest.mark.parametrize("kind,block_m,split_k", [("dp4a", 2, 1), ("mma", 4, 2), ("mma", 16, 1)])
-def test_k_major_scales_same_bits(device, kind, block_m, split_k):
-    """format.k_major_scales is a storage order only: every MoE path (routed in two launches and in one, grouped
-    on dp4a and on the tensor cores, half-height loops included) and the routed GEMV give the same bits from
-    K-major scales as from row-major ones, with ragged N, an expert with no rows and a split K."""
-    from int4lab.format import k_major_scales
-    E, H, I, T, A = 5, 160, 96, 6, 2       # ragged tiles: 160 = 2 * 64 + 32 columns, K 160 = 128 + 32
-    gp, gs, dp, ds = moe_weights(E, H, I, device)
-    km = (gp, k_major_scales(gs), dp, k_major_scales(ds))
-    assert km[1].stride()[1:] == (1, 2 * I) and torch.equal(km[1], gs) and km[3].contiguous().stride() == ds.stride()
-    x = torch.randn(T, H).bfloat16().to(device)
-    ids = torch.tensor([[0, 2], [0, 3], [1, 0], [0, 2], [3, 0], [0, 1]], dtype=torch.int32, device=device)
-    tw = torch.softmax(torch.randn(T, A), -1).to(device)
-    nw = 1 if device == "cpu" else 4
-    gplan = GroupedPlan(block_m, 64, 128, nw, 1, kind=kind, half_tiles=block_m >= 16)
-    rplan = GemvPlan(block_n=64, block_k=128, num_warps=nw, num_stages=1, waves=1.0)
-    for run in (lambda w: moe_decode_grouped(x, ids, tw, *w, plan=gplan, split_k=split_k),
-                lambda w: moe_decode_routed(x, ids, tw, *w, plan=rplan, split_k=split_k, fused=False),
-                lambda w: moe_decode_routed(x, ids, tw, *w, plan=rplan, split_k=split_k, fused=True)):
-        row, kmaj = run((gp, gs, dp, ds)), run(km)
-        assert not kmaj.isnan().any()
-        assert torch.equal(row.view(torch.int16), kmaj.view(torch.int16))
-    xq, xs = quant_x_rows(torch.randn(4, H, device=device))
-    eids = torch.tensor([4, 0, 0, 2], dtype=torch.int32, device=device)
-    assert torch.equal(gemv_int4_b32(xq, xs, gp, gs, eids, 2 * I, H, plan=rplan).view(torch.int16),
-                       gemv_int4_b32(xq, xs, gp, km[1], eids, 2 * I, H, plan=rplan).view(torch.int16))
-    assert counters_all_zero()
-
-
-def test_scale_layouts_other_than_row_or_k_major_refused(device):
-    """Scales in any other order (experts interleaved, a strided slice) are refused by name, before a launch;
-    the tensor-core teaching GEMV (gemv_mma.py) reads row-major scales only and says so."""
-    from int4lab.format import k_major_scales
-    E, H, I = 3, 64, 64
-    gp, gs, dp, ds = moe_weights(E, H, I, device)
-    x = torch.randn(2, H, device=device)
-    ids, tw = torch.tensor([[0, 1], [2, 0]], dtype=torch.int32, device=device), torch.rand(2, 2, device=device)
-    interleaved = gs.transpose(0, 1).contiguous().transpose(0, 1)
-    with pytest.raises(ValueError, match="gate_up_scales must be row-major .contiguous. or K-major"):
-        moe_decode_step(x, ids, tw, gp, interleaved, dp, ds)
-    with pytest.raises(ValueError, match="down_scales must be row-major"):
-        moe_decode_grouped(x, ids, tw, gp, gs, dp, torch.cat([ds, ds], -1)[..., ::2])
-    xq, xs = quant_x_rows(x)
-    with pytest.raises(ValueError, match="scales must be row-major"):
-        gemv_int4_b32(xq, xs, gp, interleaved, ids[0], 2 * I, H)
-    with pytest.raises(ValueError, match="tensor-core GEMV"):
-        gemv_int4_b32(xq, xs, gp, k_major_scales(gs), ids[0], 2 * I, H, plan=MMA_PLAN)
-    with pytest.raises(TypeError, match="scales must have dtype"):
-        k_major_scales(gs.float())
-
-
 @pytest.mark.parametrize("split_k,x_mode", [(1, X_FLOAT), (3, X_SWIGLU)])
 def test_routed_gemv_row_major_grid_same_bits(device, split_k, x_mode):
     """The row-major grid (every row of one N range at once; moe_decode_routed's choice for several tokens)

@@ -22,7 +22,7 @@ import torch
 import triton
 
 from .._checks import (FLOAT_DTYPES, check_contiguous, check_devices, check_ids, check_k, check_out,
-                       check_packed, check_rows_contiguous, check_shape, check_tensor, interpreting, scale_strides)
+                       check_packed, check_rows_contiguous, check_shape, check_tensor, interpreting)
 from . import plan as _plan
 from .gemv_dp4a import PDL_TILES, X_CODES, X_FLOAT, X_SWIGLU, gemv_dp4a_kernel
 from .gemv_mma import gemv_int4_b32_kernel
@@ -92,13 +92,11 @@ def _launch_gemv(x, xs, packed, scales, eids, N, K, R, *, out=None, part=None, s
         gemv_dp4a_kernel[grid](
             x.view(torch.int32) if words else x, xs if xs is not None else x, packed.view(torch.int32), scales,
             ids, out, part, cnt, tw, R, N, K, packed.shape[0], x.stride(0) // 4 if words else x.stride(0),
-            xs.stride(0) if xs is not None else 0, N * K // 8, K // 8, *scale_strides("scales", scales), K // 32,
+            xs.stride(0) if xs is not None else 0, N * K // 8, K // 8, N * K // 32, K // 32,
             PREFETCH=p.prefetch, PDL=0 if interpreting() else pdl, ROW_MAJOR=row_major,
             PF_TILES=min(common["TILES_PER_SPLIT"], PDL_TILES) if pdl == 2 else 0, **common,
             **({"launch_pdl": True} if pdl == 2 and not interpreting() else {}))
     else:
-        if not scales.is_contiguous():
-            raise ValueError("scales must be row-major (contiguous) for the tensor-core GEMV (plan.kind 'mma')")
         gemv_int4_b32_kernel[grid](
             x, xs if xs is not None else x, packed, scales, ids, out, part, cnt, tw,
             R, N, K, packed.shape[0], x.stride(0), xs.stride(0) if xs is not None else 0,
@@ -123,8 +121,7 @@ def gemv_int4_b32(xq, xs, packed, scales, eids, N, K, part=None, out=None, *, sp
     """Routed W4A8 GEMV, one launch: row i of xq/xs times expert eids[i] -> bf16 [R, N].
 
     xq int8 [R, K], xs float32 [R, K/32] (from quant_x_rows; rows may be strided, e.g. a stride-0
-    expand of one token); packed uint8 [E, N, K/2] contiguous, scales float16 [E, N, K/32] row-major or K-major
-    (format.k_major_scales; dp4a plans only); eids
+    expand of one token); packed uint8 [E, N, K/2], scales float16 [E, N, K/32], contiguous; eids
     int32/int64 [R] with values in [0, E) (_checks.check_ids says what is checked under capture).
     Exact int32 dot per 32-block, float32 accumulation across blocks, one bf16 rounding at the end.
     Split-K (`split_k`, else part.shape[0], else the plan) is finished inside the launch (module doc);
@@ -136,8 +133,7 @@ def gemv_int4_b32(xq, xs, packed, scales, eids, N, K, part=None, out=None, *, sp
     _check_x_codes(xq, xs, K)
     check_tensor("eids", eids, (torch.int32, torch.int64), (1,))
     check_shape("eids", eids, (xq.shape[0],))
-    check_contiguous(packed=packed, eids=eids)
-    scale_strides("scales", scales)
+    check_contiguous(packed=packed, scales=scales, eids=eids)
     check_devices(xq=xq, xs=xs, packed=packed, scales=scales, eids=eids, part=part, out=out)
     check_ids("eids", eids, packed.shape[0])
     return _launch_gemv(xq, xs, packed, scales, eids, N, K, xq.shape[0], out=out, part=part, split_k=split_k,

@@ -72,12 +72,11 @@ def _prmt(a, b, SEL: tl.constexpr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def expert_tile(w_ptr, ws_ptr, e, stride_we, stride_se, stride_sn, pid_n, N, KW, BLOCK_N: tl.constexpr):
-    """Columns of N tile pid_n of expert e: (offs_n, n_mask, weight-word row pointers, scale row pointers;
-    scale block kb of a column is at its pointer + kb * stride_sk)."""
+def expert_tile(w_ptr, ws_ptr, e, stride_we, stride_se, pid_n, N, KW, KB, BLOCK_N: tl.constexpr):
+    """Columns of N tile pid_n of expert e: (offs_n, n_mask, weight-word row pointers, scale row pointers)."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     w_rows = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * KW
-    s_rows = ws_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * stride_sn
+    s_rows = ws_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * KB
     return offs_n, offs_n < N, w_rows, s_rows
 
 
@@ -144,7 +143,7 @@ def _prefetch_l2(w_rows, n_mask, t0, KW, safe_ptr, BLOCK_N: tl.constexpr, BLOCK_
 @triton.jit
 def gemv_tile(
     x_ptr, xs_ptr, w_ptr, ws_ptr, eid_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr, pid_n, r, split,
-    R, N, K, E, stride_x, stride_xs, stride_we, KW, stride_se, stride_sn, stride_sk, KB,
+    R, N, K, E, stride_x, stride_xs, stride_we, KW, stride_se, KB,
     X_MODE: tl.constexpr, ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
     TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_EIDS: tl.constexpr,
     HAS_W: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr, WAIT_PDL: tl.constexpr,
@@ -156,7 +155,7 @@ def gemv_tile(
     NB: tl.constexpr = BLOCK_K // 32              # scale blocks per tile
     e, valid = routed_expert(eid_ptr, r, E, HAS_EIDS)
 
-    offs_n, n_mask, w_rows, s_rows = expert_tile(w_ptr, ws_ptr, e, stride_we, stride_se, stride_sn, pid_n, N, KW, BLOCK_N)
+    offs_n, n_mask, w_rows, s_rows = expert_tile(w_ptr, ws_ptr, e, stride_we, stride_se, pid_n, N, KW, KB, BLOCK_N)
     if WAIT_PDL:
         _prefetch_l2(w_rows, n_mask, split * TILES_PER_SPLIT, KW, w_ptr + e * stride_we, BLOCK_N, BLOCK_W,
                      PF_TILES)
@@ -182,7 +181,7 @@ def gemv_tile(
             w_idx = t * BLOCK_W + offs_w
             wd = tl.load(w_rows + w_idx[None, :], mask=n_mask[:, None] & (w_idx < KW)[None, :], other=0)
         kb = t * NB + offs_b
-        ws = tl.load(s_rows + kb[None, :] * stride_sk, mask=n_mask[:, None] & (kb < KB)[None, :], other=0.0)
+        ws = tl.load(s_rows + kb[None, :], mask=n_mask[:, None] & (kb < KB)[None, :], other=0.0)
         if X_MODE == 0:                   # [1, BLOCK_W] words, [1, NB] scales: the grouped kernel's helper
             xe, xo, negc, xs = x_words_from_codes(x_row + one, xs_ptr + xr * stride_xs + one, t, KW, KB,
                                                   BLOCK_K, USE_ASM)
@@ -215,7 +214,7 @@ def gemv_dp4a_kernel(
     # Pointers
     x_ptr, xs_ptr, w_ptr, ws_ptr, eid_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr,
     # Dimensions
-    R, N, K, E, stride_x, stride_xs, stride_we, KW, stride_se, stride_sn, stride_sk, KB,
+    R, N, K, E, stride_x, stride_xs, stride_we, KW, stride_se, KB,
     # Meta-parameters
     X_MODE: tl.constexpr, ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
     TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_EIDS: tl.constexpr,
@@ -228,8 +227,7 @@ def gemv_dp4a_kernel(
 
     x: int8 codes [*, K] read as int32 words with float32 scales xs [*, K/32] (X_CODES), float [*, K]
     (X_FLOAT) or float [*, 2K] gate | up (X_SWIGLU); row r reads x row r // ROWS_PER_X. w int32 words
-    [E, N, K/8] (the uint8 [E, N, K/2] pack viewed as little-endian words); ws float16 [E, N, K/32] with
-    element strides (stride_se, stride_sn, stride_sk), row-major or K-major (format.k_major_scales);
+    [E, N, K/8] (the uint8 [E, N, K/2] pack viewed as little-endian words); ws float16 [E, N, K/32];
     eids int [R]. Output and partials as epilogue.finish_rows says. KW = K / 8 (weight words per row), KB =
     K / 32 (scale blocks per row) and the expert strides arrive as arguments rather than being computed from
     K here: Triton specialises an integer argument that is a multiple of 16, so it can prove rows 16-byte
@@ -247,5 +245,5 @@ def gemv_dp4a_kernel(
     if PDL == 1:
         gdc_launch_dependents()
     gemv_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, eid_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr, pid_n, r, split,
-              R, N, K, E, stride_x, stride_xs, stride_we, KW, stride_se, stride_sn, stride_sk, KB, X_MODE, ROWS_PER_X, TILES_PER_SPLIT,
+              R, N, K, E, stride_x, stride_xs, stride_we, KW, stride_se, KB, X_MODE, ROWS_PER_X, TILES_PER_SPLIT,
               SPLIT_K, TOPK, BLOCK_N, BLOCK_K, HAS_EIDS, HAS_W, PREFETCH, USE_ASM, PDL == 2, PF_TILES)

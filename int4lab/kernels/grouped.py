@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from .._checks import (check_contiguous, check_devices, check_ids, check_out, check_packed, check_rows_contiguous,
-                       check_shape, check_tensor, interpreting, scale_strides)
+                       check_shape, check_tensor, interpreting)
 from . import plan as _plan
 from .gemv import _workspace
 from .grouped_dp4a import grouped_dp4a_kernel
@@ -172,8 +172,7 @@ def gemm_int4_b32_grouped(xq, xs, packed, scales, tiles: GroupTiles, *, rows_per
     each token's A rows (each rounded to bf16 first; fixed order j = 0..A-1).
 
     xq int8 [*, K] and xs float32 [*, K/32] (quant_x_rows / swiglu_quant_rows; rows may be strided);
-    packed uint8 [E, N, K/2], scales float16 [E, N, K/32] row-major or K-major (format.k_major_scales;
-    the tensor-core tile reads the latter in whole sectors). Exact int32 dot per 32-block, float32 across
+    packed uint8 [E, N, K/2], scales float16 [E, N, K/32]. Exact int32 dot per 32-block, float32 across
     blocks, one bf16 rounding (as gemv_int4_b32). `plan` (a GroupedPlan) overrides the table (whose row
     is taken with block_m = tiles.block_m); a plan's block_m must equal tiles.block_m. Legal under CUDA-graph
     capture (warm up once eagerly first: workspace).
@@ -203,8 +202,7 @@ def gemm_int4_b32_grouped(xq, xs, packed, scales, tiles: GroupTiles, *, rows_per
         A = topk_w.shape[1]
         check_shape("topk_w", topk_w, (L // A, A) if A and L % A == 0 else (-1, -1))
         check_contiguous(topk_w=topk_w)
-    ss = scale_strides("scales", scales)
-    check_contiguous(packed=packed, order=tiles.order, row0=tiles.row0, rows=tiles.rows,
+    check_contiguous(packed=packed, scales=scales, order=tiles.order, row0=tiles.row0, rows=tiles.rows,
                      group=tiles.group)
     dev = check_devices(xq=xq, xs=xs, packed=packed, scales=scales, order=tiles.order, row0=tiles.row0,
                         topk_w=topk_w, out=out)
@@ -232,11 +230,11 @@ def gemm_int4_b32_grouped(xq, xs, packed, scales, tiles: GroupTiles, *, rows_per
         grouped_dp4a_kernel[grid](
             xq.view(torch.int32), xs, packed.view(torch.int32), scales, tiles.order, tiles.row0, tiles.rows,
             tiles.group, out, part, cnt, tw, L, N, E, xq.stride(0) // 4, xs.stride(0), N * K // 8, K // 8,
-            *ss, K // 32, USE_ASM=not interpreting(), **common)
+            N * K // 32, K // 32, USE_ASM=not interpreting(), **common)
     else:
         grouped_mma_kernel[grid](
             xq, xs, packed, scales, tiles.order, tiles.row0, tiles.rows, tiles.group, out, part, cnt, tw,
-            L, N, E, xq.stride(0), xs.stride(0), N * K // 2, K // 2, *ss, K // 32, USE_ASM=not interpreting(),
+            L, N, E, xq.stride(0), xs.stride(0), N * K // 2, K // 2, N * K // 32, K // 32, USE_ASM=not interpreting(),
             HALF_TILES=p.half_tiles, **common)
     return out
 

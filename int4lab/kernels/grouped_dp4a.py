@@ -76,7 +76,7 @@ def grouped_dp4a_kernel(
     # Pointers
     x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, row0_ptr, rows_ptr, group_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr,
     # Dimensions
-    L, N, E, stride_x, stride_xs, stride_we, KW, stride_se, stride_sn, stride_sk, KB,
+    L, N, E, stride_x, stride_xs, stride_we, KW, stride_se, KB,
     # Meta-parameters
     ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, TOPK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_W: tl.constexpr,
@@ -87,8 +87,7 @@ def grouped_dp4a_kernel(
     expert with several tiles is read from DRAM about once, the others hitting L2).
 
     x int8 codes [*, K] read as int32 words, xs float32 [*, K/32]; row r reads x row r // ROWS_PER_X.
-    w int32 words [E, N, K/8], ws float16 [E, N, K/32] with element strides (stride_se, stride_sn,
-    stride_sk): row-major or K-major (format.k_major_scales). order int32 [L] (sorted position -> row), row0 /
+    w int32 words [E, N, K/8], ws float16 [E, N, K/32]. order int32 [L] (sorted position -> row), row0 /
     rows / group int32 [T] (grouped.GroupTiles); BLOCK_M <= MAX_BLOCK_M. KW = K / 8, KB = K / 32 and the
     expert strides arrive as arguments so Triton proves 16-byte alignment (gemv_dp4a.py says why). Output,
     partials and counters as epilogue.finish_rows says, indexed by the original row r.
@@ -103,8 +102,8 @@ def grouped_dp4a_kernel(
         e = tl.where(valid, g, 0)
         row0 = tl.load(row0_ptr + tile)
         r_first = tl.load(order_ptr + row0)
-        offs_n, n_mask, w_rows, s_rows = expert_tile(w_ptr, ws_ptr, e, stride_we, stride_se, stride_sn, pid_n, N,
-                                                     KW, BLOCK_N)
+        offs_n, n_mask, w_rows, s_rows = expert_tile(w_ptr, ws_ptr, e, stride_we, stride_se, pid_n, N, KW, KB,
+                                                     BLOCK_N)
         offs_w = tl.arange(0, BLOCK_W)
         offs_b = tl.arange(0, NB)
         # Row m's x and scale pointers (a row past n_rows repeats the first: in bounds, never accumulated).
@@ -129,7 +128,7 @@ def grouped_dp4a_kernel(
             w_idx = t * BLOCK_W + offs_w
             wd = tl.load(w_rows + w_idx[None, :], mask=n_mask[:, None] & (w_idx < KW)[None, :], other=0)
             kb = t * NB + offs_b
-            wsf = tl.load(s_rows + kb[None, :] * stride_sk, mask=n_mask[:, None] & (kb < KB)[None, :], other=0.0)
+            wsf = tl.load(s_rows + kb[None, :], mask=n_mask[:, None] & (kb < KB)[None, :], other=0.0)
             wsf = wsf.to(tl.float32)
             lo = wd & 0x0F0F0F0F                     # split once, multiplied into every row of the tile
             hi = (wd >> 4) & 0x0F0F0F0F

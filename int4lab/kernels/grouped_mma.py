@@ -47,7 +47,7 @@ def _codes(wb, SHIFT: tl.constexpr, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr, pid_n, split, row0, n_rows,
-          e, valid, L, N, stride_x, stride_xs, stride_we, KH, stride_se, stride_sn, stride_sk, KB,
+          e, valid, L, N, stride_x, stride_xs, stride_we, KH, stride_se, KB,
           ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, TOPK: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_W: tl.constexpr,
           USE_ASM: tl.constexpr):
@@ -66,7 +66,7 @@ def _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, t
     a_rows = x_ptr + xr[None, :, None] * stride_x + offs_c[None, None, :]                    # [1, BM, 32]
     as_rows = xs_ptr + xr[None, :] * stride_xs                                                # [1, BM]
     w_rows = w_ptr + e * stride_we + offs_n[None, :, None].to(tl.int64) * KH + offs_h[None, None, :]
-    s_rows = ws_ptr + e * stride_se + offs_n[None, :].to(tl.int64) * stride_sn                # [1, BN]
+    s_rows = ws_ptr + e * stride_se + offs_n[None, :].to(tl.int64) * KB                       # [1, BN]
     acc = tl.zeros([NB, BLOCK_N, BLOCK_M], dtype=tl.float32)   # per block column, folded after the loop
     for i in range(0, TILES_PER_SPLIT):
         kb = (split * TILES_PER_SPLIT + i) * NB + offs_b                                      # [NB]
@@ -78,7 +78,7 @@ def _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, t
         hi = _codes(wb, 4, USE_ASM)                                     # [NB, BN, 16] codes of odd k
         w = tl.interleave(lo, hi)                                       # [NB, BN, 32] codes in k order
         d = tl.dot(w, tl.permute(a, (0, 2, 1)), out_dtype=tl.int32)     # exact block sums [NB, BN, BM]
-        wsc = tl.load(s_rows + kb[:, None] * stride_sk, mask=live[:, None] & n_mask[None, :], other=0.0).to(tl.float32)
+        wsc = tl.load(s_rows + kb[:, None], mask=live[:, None] & n_mask[None, :], other=0.0).to(tl.float32)
         acc += d.to(tl.float32) * (wsc[:, :, None] * asc[:, None, :])
     y = fold_blocks(tl.reshape(tl.permute(acc, (2, 1, 0)), [BLOCK_M * BLOCK_N, NB]), BLOCK_M * BLOCK_N, NB)
     finish_rows(tl.reshape(y, [BLOCK_M, BLOCK_N]), valid, r, m_mask, out_ptr, part_ptr, cnt_ptr, tw_ptr,
@@ -90,7 +90,7 @@ def grouped_mma_kernel(
     # Pointers
     x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, row0_ptr, rows_ptr, group_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr,
     # Dimensions
-    L, N, E, stride_x, stride_xs, stride_we, KH, stride_se, stride_sn, stride_sk, KB,
+    L, N, E, stride_x, stride_xs, stride_we, KH, stride_se, KB,
     # Meta-parameters
     ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, TOPK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_W: tl.constexpr,
@@ -99,8 +99,7 @@ def grouped_mma_kernel(
     """One program owns out[rows of tile, n0 : n0 + BLOCK_N] for K-split `split` (grid: (N tiles, SPLIT_K,
     T), or (T, SPLIT_K, N tiles) when TILE_MAJOR).
 
-    x int8 [*, K], xs float32 [*, K/32]; w uint8 [E, N, K/2] (even k low nibble), ws float16 [E, N, K/32]
-    with element strides (stride_se, stride_sn, stride_sk): row-major (N * KB, KB, 1) or K-major (N * KB, 1, N);
+    x int8 [*, K], xs float32 [*, K/32]; w uint8 [E, N, K/2] (even k low nibble), ws float16 [E, N, K/32];
     KH = K / 2 bytes per weight row, KB = K / 32; BLOCK_K a power of two >= 32. HALF_TILES (BLOCK_M >= 16):
     a tile of at most BLOCK_M / 2 rows runs the loop of height BLOCK_M / 2.
     """
@@ -113,9 +112,9 @@ def grouped_mma_kernel(
         row0 = tl.load(row0_ptr + tile)
         if HALF_TILES and n_rows <= BLOCK_M // 2:
             _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr, pid_n, split, row0,
-                  n_rows, e, valid, L, N, stride_x, stride_xs, stride_we, KH, stride_se, stride_sn, stride_sk, KB,
-                  ROWS_PER_X, TILES_PER_SPLIT, SPLIT_K, TOPK, BLOCK_M // 2, BLOCK_N, BLOCK_K, HAS_W, USE_ASM)
+                  n_rows, e, valid, L, N, stride_x, stride_xs, stride_we, KH, stride_se, KB, ROWS_PER_X,
+                  TILES_PER_SPLIT, SPLIT_K, TOPK, BLOCK_M // 2, BLOCK_N, BLOCK_K, HAS_W, USE_ASM)
         else:
             _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr, pid_n, split, row0,
-                  n_rows, e, valid, L, N, stride_x, stride_xs, stride_we, KH, stride_se, stride_sn, stride_sk, KB,
-                  ROWS_PER_X, TILES_PER_SPLIT, SPLIT_K, TOPK, BLOCK_M, BLOCK_N, BLOCK_K, HAS_W, USE_ASM)
+                  n_rows, e, valid, L, N, stride_x, stride_xs, stride_we, KH, stride_se, KB, ROWS_PER_X,
+                  TILES_PER_SPLIT, SPLIT_K, TOPK, BLOCK_M, BLOCK_N, BLOCK_K, HAS_W, USE_ASM)

@@ -24,8 +24,6 @@ through plan.moe_grouped, so the choice never depends on the routing and the cal
 gate_up is the fused [E, 2I, H] projection with the I gate rows first, then the I up rows. Both paths use
 the codes of quant_x_rows / swiglu_quant_rows and round each row to bf16 before the combine, and with
 the same block_k and split-K they give the same bits (the fold of epilogue.fold_blocks).
-Scales may be row-major or K-major (format.k_major_scales, a load-time copy): same bits, and the grouped
-tensor-core tile reads K-major scales in whole sectors.
 Bytes: the routed experts' gate_up and down weights at 0.5625 bytes per weight dominate; e.g. OLMoE
 (H 2048, I 1024, A 8): 8 * 3 * 2048 * 1024 * 0.5625 = 28.3 MB for one token.
 """
@@ -36,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .._checks import (FLOAT_DTYPES, check_contiguous, check_devices, check_ids, check_out, check_packed,
-                       check_shape, check_tensor, interpreting, scale_strides)
+                       check_shape, check_tensor, interpreting)
 from . import plan as _plan
 from .epilogue import to_bf16_rne
 from .gemv import X_FLOAT, X_SWIGLU, _launch_gemv, _workspace
@@ -109,9 +107,8 @@ def _check_moe(x, topk_ids, topk_w, gu_p, gu_s, dn_p, dn_s):
     if topk_ids.shape[0] != T:
         raise ValueError(f"topk_ids must have shape (T, A) with T = {T}, got {tuple(topk_ids.shape)}")
     check_shape("topk_w", topk_w, topk_ids.shape)
-    check_contiguous(x=x, topk_ids=topk_ids, topk_w=topk_w, gate_up_packed=gu_p, down_packed=dn_p)
-    scale_strides("gate_up_scales", gu_s)
-    scale_strides("down_scales", dn_s)
+    check_contiguous(x=x, topk_ids=topk_ids, topk_w=topk_w, gate_up_packed=gu_p, gate_up_scales=gu_s,
+                     down_packed=dn_p, down_scales=dn_s)
     check_devices(x=x, topk_ids=topk_ids, topk_w=topk_w, gate_up_packed=gu_p, gate_up_scales=gu_s,
                   down_packed=dn_p, down_scales=dn_s)
     check_ids("topk_ids", topk_ids, E)
@@ -124,8 +121,7 @@ def moe_decode_step(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_pa
 
     topk_ids int [T, A] in [0, E), topk_w float [T, A] (router weights, applied in float32);
     gate_up_packed uint8 [E, 2I, H/2] + float16 scales [E, 2I, H/32] (gate rows first);
-    down_packed uint8 [E, H, I/2] + float16 scales [E, H, I/32]; packs contiguous, scales row-major or
-    K-major (format.k_major_scales).
+    down_packed uint8 [E, H, I/2] + float16 scales [E, H, I/32].
     """
     T, H, I, E = _check_moe(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales)
     grouped = _plan.moe_grouped(T, topk_ids.shape[1], E, x.device)
@@ -187,8 +183,7 @@ def _moe_fused(x, eids, topk_w, gu_p, gu_s, dn_p, dn_s, p_gu, p_dn, rows_first):
     moe_fused_kernel[grid](
         x, gu_p.view(torch.int32), gu_s, dn_p.view(torch.int32), dn_s, eids, topk_w, h, out,
         gu_part, gu_cnt, dn_part, dn_cnt, sync, L, H, I, E, x.stride(0),
-        2 * I * H // 8, H // 8, *scale_strides("gate_up_scales", gu_s), H // 32, H * I // 8, I // 8,
-        *scale_strides("down_scales", dn_s), I // 32,
+        2 * I * H // 8, H // 8, 2 * I * H // 32, H // 32, H * I // 8, I // 8, H * I // 32, I // 32,
         TOPK=A, GU_TILES_PER_SPLIT=triton.cdiv(triton.cdiv(H, bk), sk_gu), GU_SPLIT=sk_gu,
         DN_TILES_PER_SPLIT=triton.cdiv(triton.cdiv(I, bk), sk_dn), DN_SPLIT=sk_dn, BLOCK_N=bn, BLOCK_K=bk,
         PREFETCH=p_gu.prefetch, USE_ASM=not interpreting(), ROWS_FIRST=rows_first,

@@ -79,7 +79,7 @@ def moe_fused_kernel(
     gu_part, gu_cnt, dn_part, dn_cnt, sync_ptr,
     # Dimensions
     L, H, I, E, stride_x,
-    gu_we, gu_kw, gu_se, gu_sn, gu_sk, gu_kb, dn_we, dn_kw, dn_se, dn_sn, dn_sk, dn_kb,
+    gu_we, gu_kw, gu_se, gu_kb, dn_we, dn_kw, dn_se, dn_kb,
     # Meta-parameters
     TOPK: tl.constexpr, GU_TILES_PER_SPLIT: tl.constexpr, GU_SPLIT: tl.constexpr,
     DN_TILES_PER_SPLIT: tl.constexpr, DN_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -88,8 +88,8 @@ def moe_fused_kernel(
     """One program: a gate_up tile or a down tile, by ticket (module doc). Grid: (G + D,) programs.
 
     x float [T, H] (row r reads x row r // TOPK); gu_w / dn_w the int32 word views of the packed experts,
-    gu_s / dn_s their float16 scales (element strides *_se, *_sn, *_sk: row-major or K-major); eids int [L];
-    tw float [T, TOPK]; h bf16 [L, 2I] (written here); out bf16 [T, H]. gu_* / dn_* part and cnt: each GEMV's split-K workspace (epilogue.finish_rows).
+    gu_s / dn_s their float16 scales; eids int [L]; tw float [T, TOPK]; h bf16 [L, 2I] (written here);
+    out bf16 [T, H]. gu_* / dn_* part and cnt: each GEMV's split-K workspace (epilogue.finish_rows).
     sync int32 [2 + L]: ticket counter, finished-program counter, ready[L]; zero before and after.
     """
     NT_GU = tl.cdiv(2 * I, BLOCK_N)
@@ -100,16 +100,16 @@ def moe_fused_kernel(
     is_gu, pid_n, r, split = _role(ticket, L, NT_GU, NT_DN, GU_SPLIT, DN_SPLIT, ROWS_FIRST)
     if is_gu:
         gemv_tile(x_ptr, x_ptr, gu_w, gu_s, eid_ptr, h_ptr, gu_part, gu_cnt, tw_ptr, pid_n, r, split,
-                  L, 2 * I, H, E, stride_x, 0, gu_we, gu_kw, gu_se, gu_sn, gu_sk, gu_kb, GU_X, TOPK,
-                  GU_TILES_PER_SPLIT, GU_SPLIT, 1, BLOCK_N, BLOCK_K, True, False, PREFETCH, USE_ASM, False, 0)
+                  L, 2 * I, H, E, stride_x, 0, gu_we, gu_kw, gu_se, gu_kb, GU_X, TOPK, GU_TILES_PER_SPLIT,
+                  GU_SPLIT, 1, BLOCK_N, BLOCK_K, True, False, PREFETCH, USE_ASM, False, 0)
         tl.debug_barrier()                    # every thread's h (or partial) store is done before the release
         tl.atomic_add(ready + r, 1, sem="release", scope="gpu")
     else:
         _wait_at_least(ready + r, GU_SPLIT * NT_GU, USE_ASM)
         tl.debug_barrier()                    # the acquire above is ordered before every thread's h loads
         gemv_tile(h_ptr, h_ptr, dn_w, dn_s, eid_ptr, out_ptr, dn_part, dn_cnt, tw_ptr, pid_n, r, split,
-                  L, H, I, E, 2 * I, 0, dn_we, dn_kw, dn_se, dn_sn, dn_sk, dn_kb, DN_X, 1,
-                  DN_TILES_PER_SPLIT, DN_SPLIT, TOPK, BLOCK_N, BLOCK_K, True, True, PREFETCH, USE_ASM, False, 0)
+                  L, H, I, E, 2 * I, 0, dn_we, dn_kw, dn_se, dn_kb, DN_X, 1, DN_TILES_PER_SPLIT,
+                  DN_SPLIT, TOPK, BLOCK_N, BLOCK_K, True, True, PREFETCH, USE_ASM, False, 0)
     tl.debug_barrier()
     done = tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel", scope="gpu")
     if done == TOTAL - 1:                     # the last program: every other one has finished
