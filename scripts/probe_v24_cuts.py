@@ -7,7 +7,8 @@ alone, built at run time from two sources by exact text substitutions (each asse
   refactor    the _tile body only: v24 with both decode cuts undone (codes n - 8, interleave, no 1/16)
   codes16     prev with 16 x codes only (still interleaved, masked)
   order       v24 with codes n - 8 (word order, unmasked where even)
-The sets other than `final` (v28) rewrite the v24 kernel: they run on the tree of commit 5e98f8e, where
+`--set=v30` rewrites the tree's kernel (its "prev" is the tree: the loop's loads pipelined by tl.range, or the
+scale loads issued a step ahead). The sets other than `final` (v28) and `v30` rewrite the v24 kernel: they run on the tree of commit 5e98f8e, where
 int4lab/kernels/grouped_mma.py is v24's (on a later tree their substitutions fail by assertion).
 Per (model, tokens): the grouped MoE step with the table's plans, variants alternating, twice, same bits
 checked; the bench's routing and timer, weights rotated past L2.
@@ -146,6 +147,39 @@ SETS = {  # v26: v24's cuts one at a time
         # v28: the landed kernel (v27's half loops on the previous decode) against the previous one, both under
         # the table's plans (which now ask for half loops; the previous kernel ignores the flag)
         "final": lambda: {"prev": PREV, "tree": TREE}}
+AS_NEXT = ("        asc = tl.load(as_rows + kb[:, None], mask=live[:, None] & m_mask[None, :], other=0.0)\n", "")
+WS_NEXT = ("        wsc = tl.load(s_rows + kb[:, None], mask=live[:, None] & n_mask[None, :], other=0.0).to(tl.float32)\n", "")
+
+
+def staged(src, stages):
+    """v30: the K loop as tl.range(num_stages=stages): Triton then pipelines every load of the loop through
+    shared memory (cp.async), the scale loads included, not only the dot's operands (same bits)."""
+    return sub(src, "    for i in range(0, TILES_PER_SPLIT):", f"    for i in tl.range(0, TILES_PER_SPLIT, num_stages={stages}):")
+
+
+def scales_ahead(src):
+    """v30: both scale loads issued one step ahead into registers (same bits)."""
+    src = sub(src, *AS_NEXT)
+    src = sub(src, *WS_NEXT)
+    src = sub(src, "    for i in range(0, TILES_PER_SPLIT):\n        kb = (split * TILES_PER_SPLIT + i) * NB + offs_b"
+                   "                                      # [NB]\n        live = kb < KB\n",
+              "    kb0 = split * TILES_PER_SPLIT * NB + offs_b\n"
+              "    asc = tl.load(as_rows + kb0[:, None], mask=(kb0 < KB)[:, None] & m_mask[None, :], other=0.0)\n"
+              "    wsc = tl.load(s_rows + kb0[:, None], mask=(kb0 < KB)[:, None] & n_mask[None, :], other=0.0)\n"
+              "    for i in range(0, TILES_PER_SPLIT):\n"
+              "        kb = (split * TILES_PER_SPLIT + i) * NB + offs_b\n"
+              "        live = kb < KB\n"
+              "        kbn = kb + NB\n"
+              "        nxt = (kbn < KB) & (i + 1 < TILES_PER_SPLIT)\n"
+              "        asc_next = tl.load(as_rows + kbn[:, None], mask=nxt[:, None] & m_mask[None, :], other=0.0)\n"
+              "        wsc_next = tl.load(s_rows + kbn[:, None], mask=nxt[:, None] & n_mask[None, :], other=0.0)\n")
+    return sub(src, "        acc += d.to(tl.float32) * (wsc[:, :, None] * asc[:, None, :])\n",
+               "        acc += d.to(tl.float32) * (wsc.to(tl.float32)[:, :, None] * asc[:, None, :])\n"
+               "        asc, wsc = asc_next, wsc_next\n")
+
+
+SETS["v30"] = lambda: {"prev": TREE, "staged3": staged(TREE, 3), "staged2": staged(TREE, 2), "staged4": staged(TREE, 4),
+                       "scales_ahead": scales_ahead(TREE)}
 SET = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--set=")), "cuts")
 SOURCES = SETS[SET]()
 
@@ -198,7 +232,7 @@ if "--ncu" in sys.argv:
     sys.exit(0)
 
 out_dir = sys.argv[1]
-name = {"cuts": "probe_v24_cuts_h200.json", "final": "probe_v28_final_h200.json"}.get(SET, f"probe_v26b_{SET}_h200.json")
+name = {"cuts": "probe_v24_cuts_h200.json", "final": "probe_v28_final_h200.json", "v30": "probe_v30_staged_h200.json"}.get(SET, f"probe_v26b_{SET}_h200.json")
 res = {"provenance": provenance(f"python3 scripts/probe_v24_cuts.py $OUT --set={SET}"), "set": SET,
        "method": "int4lab.bench.timing (median of 20 replays, p10 / p90); variants alternate, twice",
        "variants": list(SOURCES), "rows": []}
@@ -207,6 +241,7 @@ ROWS = {"cuts": (("mixtral", 32), ("olmoe", 64), ("mixtral", 64), ("olmoe", 32),
 ROWS["hints"] = ROWS["parts"] = ROWS["leave_out"]
 ROWS["final"] = ROWS["cuts"] + (("qwen3", 64),)
 ROWS["v27"] = ROWS["cuts"] + (("qwen3", 64),)
+ROWS["v30"] = ROWS["final"]
 for model, T in ROWS[SET]:
     m = MODELS[model]
     E, A, H, I = m.n_experts, m.top_k, m.hidden, m.intermediate
