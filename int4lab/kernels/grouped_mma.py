@@ -21,6 +21,10 @@ height (both heights are compiled in; the choice is per program, at run time). A
 one tile and read its bytes once. Dead rows are masked out of every load: reading them (from x row 0, every
 program the same lines) made the tile 1.5-1.8x slower (notes/perf.md v26).
 
+Scales a step ahead (v30): the scales of step i + 1 are loaded during step i. Triton's pipeliner stages the
+dot's operands (x and the weights) through shared memory a few steps ahead, but not the scale loads, whose
+latency each step waited out: -2 to -7 % on the 8- to 32-row tiles, same registers (notes/perf.md v30).
+
 Numerics: each block sum is scaled as d * (ws * xs) and accumulated per block column across the K steps,
 and the NB columns are folded once at the end by epilogue.fold_blocks: the grouped dp4a kernel's order,
 so with the same block_k and split_k the two kernels (and the routed GEMV) give the same bits.
@@ -68,18 +72,25 @@ def _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, t
     w_rows = w_ptr + e * stride_we + offs_n[None, :, None].to(tl.int64) * KH + offs_h[None, None, :]
     s_rows = ws_ptr + e * stride_se + offs_n[None, :].to(tl.int64) * KB                       # [1, BN]
     acc = tl.zeros([NB, BLOCK_N, BLOCK_M], dtype=tl.float32)   # per block column, folded after the loop
+    # The scales of step i + 1 are loaded during step i: the pipeliner stages only the dot's operands (x, the
+    # weights) through shared memory, so a scale load in its own step was one exposed latency per step (v30).
+    kb = split * TILES_PER_SPLIT * NB + offs_b                                                # [NB]
+    asc = tl.load(as_rows + kb[:, None], mask=(kb < KB)[:, None] & m_mask[None, :], other=0.0)
+    wsc = tl.load(s_rows + kb[:, None], mask=(kb < KB)[:, None] & n_mask[None, :], other=0.0)
     for i in range(0, TILES_PER_SPLIT):
-        kb = (split * TILES_PER_SPLIT + i) * NB + offs_b                                      # [NB]
+        kb = (split * TILES_PER_SPLIT + i) * NB + offs_b
         live = kb < KB
+        ahead = (kb + NB < KB) & (i + 1 < TILES_PER_SPLIT)
+        asc_next = tl.load(as_rows + (kb + NB)[:, None], mask=ahead[:, None] & m_mask[None, :], other=0.0)
+        wsc_next = tl.load(s_rows + (kb + NB)[:, None], mask=ahead[:, None] & n_mask[None, :], other=0.0)
         a = tl.load(a_rows + kb[:, None, None] * 32, mask=live[:, None, None] & m_mask[None, :, None], other=0)
-        asc = tl.load(as_rows + kb[:, None], mask=live[:, None] & m_mask[None, :], other=0.0)
         wb = tl.load(w_rows + kb[:, None, None] * 16, mask=live[:, None, None] & n_mask[None, :, None], other=0)
         lo = _codes(wb, 0, USE_ASM)                                     # [NB, BN, 16] codes of even k
         hi = _codes(wb, 4, USE_ASM)                                     # [NB, BN, 16] codes of odd k
         w = tl.interleave(lo, hi)                                       # [NB, BN, 32] codes in k order
         d = tl.dot(w, tl.permute(a, (0, 2, 1)), out_dtype=tl.int32)     # exact block sums [NB, BN, BM]
-        wsc = tl.load(s_rows + kb[:, None], mask=live[:, None] & n_mask[None, :], other=0.0).to(tl.float32)
-        acc += d.to(tl.float32) * (wsc[:, :, None] * asc[:, None, :])
+        acc += d.to(tl.float32) * (wsc.to(tl.float32)[:, :, None] * asc[:, None, :])
+        asc, wsc = asc_next, wsc_next
     y = fold_blocks(tl.reshape(tl.permute(acc, (2, 1, 0)), [BLOCK_M * BLOCK_N, NB]), BLOCK_M * BLOCK_N, NB)
     finish_rows(tl.reshape(y, [BLOCK_M, BLOCK_N]), valid, r, m_mask, out_ptr, part_ptr, cnt_ptr, tw_ptr,
                 split, L, N, pid_n, tl.cdiv(N, BLOCK_N), offs_n, n_mask, SPLIT_K, TOPK, HAS_W)
