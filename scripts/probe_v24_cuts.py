@@ -180,6 +180,9 @@ def scales_ahead(src):
 
 SETS["v30"] = lambda: {"prev": TREE, "staged3": staged(TREE, 3), "staged2": staged(TREE, 2), "staged4": staged(TREE, 4),
                        "scales_ahead": scales_ahead(TREE)}
+# v34: the tree's kernel (a 32-row tile of 17-24 live rows runs 16 + 8 rows) against v30's (diag/grouped_mma_v30.py,
+# carried: commit a7a3711's grouped_mma.py), both under the table's plans (same bits)
+SETS["v34"] = lambda: {"prev": Path("diag/grouped_mma_v30.py").read_text(), "tree": TREE}
 SET = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--set=")), "cuts")
 SOURCES = SETS[SET]()
 
@@ -232,7 +235,8 @@ if "--ncu" in sys.argv:
     sys.exit(0)
 
 out_dir = sys.argv[1]
-name = {"cuts": "probe_v24_cuts_h200.json", "final": "probe_v28_final_h200.json", "v30": "probe_v30_staged_h200.json"}.get(SET, f"probe_v26b_{SET}_h200.json")
+name = {"cuts": "probe_v24_cuts_h200.json", "final": "probe_v28_final_h200.json", "v30": "probe_v30_staged_h200.json",
+        "v34": "probe_v34_three_quarter_h200.json"}.get(SET, f"probe_v26b_{SET}_h200.json")
 res = {"provenance": provenance(f"python3 scripts/probe_v24_cuts.py $OUT --set={SET}"), "set": SET,
        "method": "int4lab.bench.timing (median of 20 replays, p10 / p90); variants alternate, twice",
        "variants": list(SOURCES), "rows": []}
@@ -241,7 +245,7 @@ ROWS = {"cuts": (("mixtral", 32), ("olmoe", 64), ("mixtral", 64), ("olmoe", 32),
 ROWS["hints"] = ROWS["parts"] = ROWS["leave_out"]
 ROWS["final"] = ROWS["cuts"] + (("qwen3", 64),)
 ROWS["v27"] = ROWS["cuts"] + (("qwen3", 64),)
-ROWS["v30"] = ROWS["final"]
+ROWS["v30"] = ROWS["v34"] = ROWS["final"]
 for model, T in ROWS[SET]:
     m = MODELS[model]
     E, A, H, I = m.n_experts, m.top_k, m.hidden, m.intermediate

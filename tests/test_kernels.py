@@ -331,16 +331,18 @@ def test_grouped_mma_matches_reference(device, split_k, block_k):
 
 @pytest.mark.parametrize("split_k", [1, 2])
 def test_grouped_mma_half_tiles_same_bits(device, split_k):
-    """plan.half_tiles: a tile with at most block_m / 2 live rows runs the loop of half the height. Experts of
-    5 rows (half loop), 13 rows (full loop) and none: the same bits as the full-height tile and the dp4a tile.
-    Plans that cannot halve (block_m 8, dp4a, a non-bool) are refused by name."""
-    E, N, K = 3, 40, 256
+    """plan.half_tiles: a tile with at most block_m / 2 live rows runs the loop of half the height, and a 32-row
+    tile with at most 24 runs 16 + 8 rows. Experts of 5 rows (half loop at 16 and 32), 13 (full loop at 16, half
+    at 32), 21 (two tiles at 16; 16 + 8 at 32), 30 (full at 32) and none: the same bits as the full-height tiles
+    and the dp4a tile. Plans that cannot halve (block_m 8, dp4a, a non-bool) are refused by name."""
+    E, N, K = 5, 40, 256
     packed, scales = pack(E, N, K, device)
-    ids = torch.tensor([0] * 5 + [1] * 13, dtype=torch.int32)[torch.randperm(18)].to(device)
-    xq, xs = quant_x_rows(torch.randn(18, K).to(device))
+    ids = torch.tensor([0] * 5 + [1] * 13 + [2] * 21 + [4] * 30, dtype=torch.int32)[torch.randperm(69)].to(device)
+    xq, xs = quant_x_rows(torch.randn(69, K).to(device))
     nw = 1 if device == "cpu" else 4
     outs = []
-    for bm, kind, half in ((4, "dp4a", False), (16, "mma", False), (16, "mma", True)):
+    for bm, kind, half in ((4, "dp4a", False), (16, "mma", False), (16, "mma", True), (32, "mma", False),
+                           (32, "mma", True)):
         plan = GroupedPlan(bm, 16, 128, nw, 1, split_k=split_k, kind=kind, tile_major=True, half_tiles=half)
         outs.append(gemm_int4_b32_grouped(xq, xs, packed, scales, build_group_tiles(ids, E, bm), plan=plan))
     assert_close_bf16(outs[0], grouped_ref(xq, xs, packed, scales, ids, N, K))
@@ -352,6 +354,27 @@ def test_grouped_mma_half_tiles_same_bits(device, split_k):
                 GroupedPlan(16, 16, 128, nw, 1, kind="mma", half_tiles=1)):
         with pytest.raises(ValueError, match="half_tiles"):
             gemm_int4_b32_grouped(xq, xs, packed, scales, build_group_tiles(ids, E, bad.block_m), plan=bad)
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_grouped_moe_three_quarter_tile_same_bits(device, split_k):
+    """A 32-row tile of 17-24 live rows runs as 16 + 8 rows, each group finishing its own rows (split-K
+    partials, arrival counters and the top-k combine): the MoE step gives the routed GEMV's bits with one expert
+    of 20 rows, one of 8 and one of 12, and every counter is zero afterwards."""
+    E, H, I, T, A = 4, 64, 96, 20, 2
+    w = moe_weights(E, H, I, device)
+    x = torch.randn(T, H).bfloat16().to(device)
+    second = torch.tensor([1] * 8 + [2] * 12)[torch.randperm(T)]
+    ids = torch.stack([torch.zeros(T, dtype=torch.long), second], 1).int().to(device)
+    tw = torch.softmax(torch.randn(T, A), -1).to(device)
+    nw = 1 if device == "cpu" else 4
+    routed = moe_decode_routed(x, ids, tw, *w, split_k=split_k, fused=False,
+                               plan=GemvPlan(block_n=32, block_k=128, num_warps=nw, num_stages=1, waves=1.0))
+    grouped = moe_decode_grouped(x, ids, tw, *w, split_k=split_k,
+                                 plan=GroupedPlan(32, 32, 128, nw, 1, kind="mma", tile_major=True, half_tiles=True))
+    assert not grouped.isnan().any()
+    assert torch.equal(routed.view(torch.int16), grouped.view(torch.int16))
+    assert counters_all_zero()
 
 
 @pytest.mark.parametrize("split_k,tile_major,K", [(1, True, 352), (2, False, 352), (3, True, 352), (2, True, 512),
