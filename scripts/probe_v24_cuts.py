@@ -180,8 +180,9 @@ def scales_ahead(src):
 
 SETS["v30"] = lambda: {"prev": TREE, "staged3": staged(TREE, 3), "staged2": staged(TREE, 2), "staged4": staged(TREE, 4),
                        "scales_ahead": scales_ahead(TREE)}
-# v34: the tree's kernel (a 32-row tile of 17-24 live rows runs 16 + 8 rows) against v30's (diag/grouped_mma_v30.py,
-# carried: commit a7a3711's grouped_mma.py), both under the table's plans (same bits)
+# v34: the tree's kernel against v30's (diag/grouped_mma_v30.py, carried: commit a7a3711's grouped_mma.py), both
+# under the table's plans (same bits); timed on commit 59072b5 (branch next/v34-three-quarter-record), whose kernel
+# runs a 32-row tile of 17-24 live rows as 16 + 8 rows
 SETS["v34"] = lambda: {"prev": Path("diag/grouped_mma_v30.py").read_text(), "tree": TREE}
 SET = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--set=")), "cuts")
 SOURCES = SETS[SET]()

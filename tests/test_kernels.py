@@ -331,10 +331,10 @@ def test_grouped_mma_matches_reference(device, split_k, block_k):
 
 @pytest.mark.parametrize("split_k", [1, 2])
 def test_grouped_mma_half_tiles_same_bits(device, split_k):
-    """plan.half_tiles: a tile with at most block_m / 2 live rows runs the loop of half the height, and a 32-row
-    tile with at most 24 runs 16 + 8 rows. Experts of 5 rows (half loop at 16 and 32), 13 (full loop at 16, half
-    at 32), 21 (two tiles at 16; 16 + 8 at 32), 30 (full at 32) and none: the same bits as the full-height tiles
-    and the dp4a tile. Plans that cannot halve (block_m 8, dp4a, a non-bool) are refused by name."""
+    """plan.half_tiles: a tile with at most block_m / 2 live rows runs the loop of half the height. Experts of
+    5 rows (half loop at 16 and 32), 13 (full loop at 16, half at 32), 21 (two tiles at 16, full at 32), 30 (full
+    at 32) and none: the same bits as the full-height tiles and the dp4a tile. Plans that cannot halve (block_m 8,
+    dp4a, a non-bool) are refused by name."""
     E, N, K = 5, 40, 256
     packed, scales = pack(E, N, K, device)
     ids = torch.tensor([0] * 5 + [1] * 13 + [2] * 21 + [4] * 30, dtype=torch.int32)[torch.randperm(69)].to(device)
@@ -357,10 +357,10 @@ def test_grouped_mma_half_tiles_same_bits(device, split_k):
 
 
 @pytest.mark.parametrize("split_k", [1, 2])
-def test_grouped_moe_three_quarter_tile_same_bits(device, split_k):
-    """A 32-row tile of 17-24 live rows runs as 16 + 8 rows, each group finishing its own rows (split-K
-    partials, arrival counters and the top-k combine): the MoE step gives the routed GEMV's bits with one expert
-    of 20 rows, one of 8 and one of 12, and every counter is zero afterwards."""
+def test_grouped_moe_32_row_tiles_same_bits(device, split_k):
+    """The 32-row tile with half loops (the table's tile from 16 mean rows per expert) in a whole MoE step, split-K
+    partials, arrival counters and the top-k combine included: the routed GEMV's bits with one expert of 20 rows
+    (full loop), one of 8 and one of 12 (half loops), and every counter zero afterwards."""
     E, H, I, T, A = 4, 64, 96, 20, 2
     w = moe_weights(E, H, I, device)
     x = torch.randn(T, H).bfloat16().to(device)

@@ -17,9 +17,7 @@ at bm8 204 instead of 232 (compiler report, notes/perf.md v18).
 
 Half-height tiles (plan.half_tiles, v27): the scaling per row, column and block is most of the loop and runs for
 every row of the tile, live or not, so a tile with at most BLOCK_M / 2 live rows runs the same loop at half the
-height (both heights are compiled in; the choice is per program, at run time). A 32-row tile with 17-24 live rows
-runs 16 + 8 rows (v34): two row groups, each with its own dot and accumulator, sharing each step's decoded
-weights (a 24-row tile in one: Triton's tiles are powers of two). An expert's rows still share
+height (both heights are compiled in; the choice is per program, at run time). An expert's rows still share
 one tile and read its bytes once. Dead rows are masked out of every load: reading them (from x row 0, every
 program the same lines) made the tile 1.5-1.8x slower (notes/perf.md v26).
 
@@ -52,43 +50,25 @@ def _codes(wb, SHIFT: tl.constexpr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _rows(x_ptr, xs_ptr, order_ptr, row0, first, n_rows, stride_x, stride_xs, ROWS_PER_X: tl.constexpr,
-          BM: tl.constexpr):
-    """Tile rows first .. first + BM - 1: (rows r [BM], live mask, x block pointers [1, BM, 32], x-scale
-    pointers [1, BM]); dead rows are masked out of every load (module doc)."""
-    offs_m = first + tl.arange(0, BM)
-    m_mask = offs_m < n_rows
-    r = tl.load(order_ptr + row0 + offs_m, mask=m_mask, other=0)
-    xr = (r // ROWS_PER_X).to(tl.int64)
-    a_rows = x_ptr + xr[None, :, None] * stride_x + tl.arange(0, 32)[None, None, :]
-    as_rows = xs_ptr + xr[None, :] * stride_xs
-    return r, m_mask, a_rows, as_rows
-
-
-@triton.jit
-def _scaled(acc, w, a_rows, asc, wsc, kb, live, m_mask):
-    """acc [NB, BN, BM] += the exact int32 block sums of w [NB, BN, 32] with the rows' x blocks kb, scaled."""
-    a = tl.load(a_rows + kb[:, None, None] * 32, mask=live[:, None, None] & m_mask[None, :, None], other=0)
-    d = tl.dot(w, tl.permute(a, (0, 2, 1)), out_dtype=tl.int32)     # exact block sums [NB, BN, BM]
-    return acc + d.to(tl.float32) * (wsc.to(tl.float32)[:, :, None] * asc[:, None, :])
-
-
-@triton.jit
 def _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr, pid_n, split, row0, n_rows,
           e, valid, L, N, stride_x, stride_xs, stride_we, KH, stride_se, KB,
           ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, TOPK: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_W: tl.constexpr,
-          USE_ASM: tl.constexpr, BLOCK_M2: tl.constexpr = 0):
-    """Rows row0 .. row0 + n_rows - 1 of `order` (n_rows <= BLOCK_M + BLOCK_M2) against expert e's BLOCK_N
-    columns at pid_n, K split `split`: the loop, the fold and epilogue.finish_rows. BLOCK_M2 > 0: a second
-    group of rows BLOCK_M .. BLOCK_M + BLOCK_M2 - 1 shares each step's decoded weights (a 24-row tile as 16 + 8)."""
+          USE_ASM: tl.constexpr):
+    """Rows row0 .. row0 + n_rows - 1 of `order` (n_rows <= BLOCK_M) against expert e's BLOCK_N columns at
+    pid_n, K split `split`: the loop, the fold and epilogue.finish_rows."""
     NB: tl.constexpr = BLOCK_K // 32
-    r, m_mask, a_rows, as_rows = _rows(x_ptr, xs_ptr, order_ptr, row0, 0, n_rows, stride_x, stride_xs, ROWS_PER_X,
-                                       BLOCK_M)
+    offs_m = tl.arange(0, BLOCK_M)
+    m_mask = offs_m < n_rows
+    r = tl.load(order_ptr + row0 + offs_m, mask=m_mask, other=0)
+    xr = (r // ROWS_PER_X).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_b = tl.arange(0, NB)
+    offs_c = tl.arange(0, 32)
     offs_h = tl.arange(0, 16)
+    a_rows = x_ptr + xr[None, :, None] * stride_x + offs_c[None, None, :]                    # [1, BM, 32]
+    as_rows = xs_ptr + xr[None, :] * stride_xs                                                # [1, BM]
     w_rows = w_ptr + e * stride_we + offs_n[None, :, None].to(tl.int64) * KH + offs_h[None, None, :]
     s_rows = ws_ptr + e * stride_se + offs_n[None, :].to(tl.int64) * KB                       # [1, BN]
     acc = tl.zeros([NB, BLOCK_N, BLOCK_M], dtype=tl.float32)   # per block column, folded after the loop
@@ -97,35 +77,23 @@ def _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, t
     kb = split * TILES_PER_SPLIT * NB + offs_b                                                # [NB]
     asc = tl.load(as_rows + kb[:, None], mask=(kb < KB)[:, None] & m_mask[None, :], other=0.0)
     wsc = tl.load(s_rows + kb[:, None], mask=(kb < KB)[:, None] & n_mask[None, :], other=0.0)
-    if BLOCK_M2 > 0:
-        r2, m_mask2, a_rows2, as_rows2 = _rows(x_ptr, xs_ptr, order_ptr, row0, BLOCK_M, n_rows, stride_x, stride_xs,
-                                               ROWS_PER_X, BLOCK_M2)
-        acc2 = tl.zeros([NB, BLOCK_N, BLOCK_M2], dtype=tl.float32)
-        asc2 = tl.load(as_rows2 + kb[:, None], mask=(kb < KB)[:, None] & m_mask2[None, :], other=0.0)
     for i in range(0, TILES_PER_SPLIT):
         kb = (split * TILES_PER_SPLIT + i) * NB + offs_b
         live = kb < KB
         ahead = (kb + NB < KB) & (i + 1 < TILES_PER_SPLIT)
         asc_next = tl.load(as_rows + (kb + NB)[:, None], mask=ahead[:, None] & m_mask[None, :], other=0.0)
         wsc_next = tl.load(s_rows + (kb + NB)[:, None], mask=ahead[:, None] & n_mask[None, :], other=0.0)
-        if BLOCK_M2 > 0:
-            asc2_next = tl.load(as_rows2 + (kb + NB)[:, None], mask=ahead[:, None] & m_mask2[None, :], other=0.0)
+        a = tl.load(a_rows + kb[:, None, None] * 32, mask=live[:, None, None] & m_mask[None, :, None], other=0)
         wb = tl.load(w_rows + kb[:, None, None] * 16, mask=live[:, None, None] & n_mask[None, :, None], other=0)
         lo = _codes(wb, 0, USE_ASM)                                     # [NB, BN, 16] codes of even k
         hi = _codes(wb, 4, USE_ASM)                                     # [NB, BN, 16] codes of odd k
         w = tl.interleave(lo, hi)                                       # [NB, BN, 32] codes in k order
-        acc = _scaled(acc, w, a_rows, asc, wsc, kb, live, m_mask)
-        if BLOCK_M2 > 0:
-            acc2 = _scaled(acc2, w, a_rows2, asc2, wsc, kb, live, m_mask2)
-            asc2 = asc2_next
+        d = tl.dot(w, tl.permute(a, (0, 2, 1)), out_dtype=tl.int32)     # exact block sums [NB, BN, BM]
+        acc += d.to(tl.float32) * (wsc.to(tl.float32)[:, :, None] * asc[:, None, :])
         asc, wsc = asc_next, wsc_next
     y = fold_blocks(tl.reshape(tl.permute(acc, (2, 1, 0)), [BLOCK_M * BLOCK_N, NB]), BLOCK_M * BLOCK_N, NB)
     finish_rows(tl.reshape(y, [BLOCK_M, BLOCK_N]), valid, r, m_mask, out_ptr, part_ptr, cnt_ptr, tw_ptr,
                 split, L, N, pid_n, tl.cdiv(N, BLOCK_N), offs_n, n_mask, SPLIT_K, TOPK, HAS_W)
-    if BLOCK_M2 > 0:       # finish_rows counts each row's arrival, so the two groups finish apart
-        y2 = fold_blocks(tl.reshape(tl.permute(acc2, (2, 1, 0)), [BLOCK_M2 * BLOCK_N, NB]), BLOCK_M2 * BLOCK_N, NB)
-        finish_rows(tl.reshape(y2, [BLOCK_M2, BLOCK_N]), valid, r2, m_mask2, out_ptr, part_ptr, cnt_ptr, tw_ptr,
-                    split, L, N, pid_n, tl.cdiv(N, BLOCK_N), offs_n, n_mask, SPLIT_K, TOPK, HAS_W)
 
 
 @triton.jit
@@ -144,8 +112,7 @@ def grouped_mma_kernel(
 
     x int8 [*, K], xs float32 [*, K/32]; w uint8 [E, N, K/2] (even k low nibble), ws float16 [E, N, K/32];
     KH = K / 2 bytes per weight row, KB = K / 32; BLOCK_K a power of two >= 32. HALF_TILES (BLOCK_M >= 16):
-    a tile of at most BLOCK_M / 2 rows runs the loop of height BLOCK_M / 2, and (BLOCK_M >= 32) one of at most
-    3 BLOCK_M / 4 rows the loop of BLOCK_M / 2 + BLOCK_M / 4 rows.
+    a tile of at most BLOCK_M / 2 rows runs the loop of height BLOCK_M / 2.
     """
     pid_n, tile, split = grid_ids(TILE_MAJOR)
     n_rows = tl.load(rows_ptr + tile)
@@ -158,10 +125,6 @@ def grouped_mma_kernel(
             _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr, pid_n, split, row0,
                   n_rows, e, valid, L, N, stride_x, stride_xs, stride_we, KH, stride_se, KB, ROWS_PER_X,
                   TILES_PER_SPLIT, SPLIT_K, TOPK, BLOCK_M // 2, BLOCK_N, BLOCK_K, HAS_W, USE_ASM)
-        elif HALF_TILES and BLOCK_M >= 32 and n_rows <= BLOCK_M // 2 + BLOCK_M // 4:
-            _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr, pid_n, split, row0,
-                  n_rows, e, valid, L, N, stride_x, stride_xs, stride_we, KH, stride_se, KB, ROWS_PER_X,
-                  TILES_PER_SPLIT, SPLIT_K, TOPK, BLOCK_M // 2, BLOCK_N, BLOCK_K, HAS_W, USE_ASM, BLOCK_M // 4)
         else:
             _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr, pid_n, split, row0,
                   n_rows, e, valid, L, N, stride_x, stride_xs, stride_we, KH, stride_se, KB, ROWS_PER_X,

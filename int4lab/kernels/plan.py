@@ -53,8 +53,7 @@ class GroupedPlan:
     split_k: int | None = None   # None: chosen from `waves` by resolve_grouped
     kind: str = "dp4a"           # "dp4a": grouped_dp4a.py; "mma": grouped_mma.py (tensor cores)
     tile_major: bool = False     # grid (tiles, splits, N tiles): an expert's tiles for one N range run together
-    half_tiles: bool = False     # mma, block_m >= 16: a tile of at most block_m / 2 rows runs a loop half as tall;
-    #                              block_m >= 32: one of at most 3/4 block_m rows a loop of 1/2 + 1/4 (v34)
+    half_tiles: bool = False     # mma, block_m >= 16: a tile of at most block_m / 2 rows runs a loop half as tall
 
 
 # Per generation: rows (smallest N * K per expert, smallest R rows, smallest K / N, plan); the first row
