@@ -6,17 +6,14 @@ the error against the table's output are kept.
     PYTHONPATH=$PWD python3 scripts/probe_plans_v33.py $OUT      # -> $OUT/probe_plans_v33_h200.json
 """
 import dataclasses
-import json
 import sys
 
 import torch
 
 from int4lab.bench import timing
 from int4lab.kernels.moe import moe_decode_grouped
-from int4lab.kernels.plan import grouped_plan
 from int4lab.receipts import provenance
-from int4lab.shapes import MODELS
-from int4lab.tune.sweep import moe_setup
+from int4lab.tune.sweep import PROBE_METHOD, grouped_probe_row, keep_row, time_plan_pairs
 
 ROWS = (("mixtral", 16), ("mixtral", 32), ("mixtral", 64), ("olmoe", 32), ("olmoe", 64), ("qwen3", 64))
 
@@ -41,31 +38,19 @@ def variants(pp):
 
 out_dir = sys.argv[1]
 dev = torch.device("cuda")
-l2 = timing.l2_bytes()
 torch.manual_seed(0)
-res = {"provenance": provenance("python3 scripts/probe_plans_v33.py $OUT"),
-       "method": "int4lab.bench.timing (median of 20 replays, p10 / p90); variants alternate, twice", "rows": []}
+res = {"provenance": provenance("python3 scripts/probe_plans_v33.py $OUT"), "method": PROBE_METHOD, "rows": []}
 for model, T in ROWS:
-    m = MODELS[model]
-    E, A, H, I = m.n_experts, m.top_k, m.hidden, m.intermediate
-    x, ids, tw, w, act, nbytes = moe_setup(m, T, dev, l2)
-    copies = len(w)
-    pp = (grouped_plan(2 * I, H, T * A, E, dev), grouped_plan(H, I, T * A, E, dev))
+    x, ids, tw, w, act, nbytes, pp = grouped_probe_row(model, T, dev, timing.l2_bytes())
     vs = variants(pp)
-    row = {"model": model, "tokens": T, "copies": copies, "bytes": nbytes,
-           "plans": {k: [str(p) for p in v] for k, v in vs.items()}, "us": {}, "max_abs_diff_vs_table": {},
+    row = {"model": model, "tokens": T, "copies": len(w), "bytes": nbytes,
+           "plans": {k: [str(p) for p in v] for k, v in vs.items()}, "max_abs_diff_vs_table": {},
            "same_bits_as_table": {}}
     ref = moe_decode_grouped(x, ids, tw, *w[0], plan=pp).float()
-    for rep in range(2):
-        for label, plans in vs.items():
-            o = moe_decode_grouped(x, ids, tw, *w[0], plan=plans).float()
-            row["max_abs_diff_vs_table"][label] = float((o - ref).abs().max())
-            row["same_bits_as_table"][label] = bool(torch.equal(o, ref))
-            s = timing.summarise(timing.time_calls(
-                [lambda i=i, plans=plans: moe_decode_grouped(x, ids, tw, *w[i], plan=plans) for i in range(copies)]))
-            row["us"].setdefault(label, []).append([round(s["us"], 2), round(s["p10_us"], 2), round(s["p90_us"], 2)])
-    res["rows"].append(row)
-    print(model, T, {k: [v[0] for v in vs_] for k, vs_ in row["us"].items()}, flush=True)
-    json.dump(res, open(f"{out_dir}/probe_plans_v33_h200.json", "w"), indent=1)
+    for label, plans in vs.items():
+        o = moe_decode_grouped(x, ids, tw, *w[0], plan=plans).float()
+        row["max_abs_diff_vs_table"][label] = float((o - ref).abs().max())
+        row["same_bits_as_table"][label] = bool(torch.equal(o, ref))
+    row["us"] = time_plan_pairs(x, ids, tw, w, vs)
     del w
-    torch.cuda.empty_cache()
+    keep_row(res, row, f"{out_dir}/probe_plans_v33_h200.json")

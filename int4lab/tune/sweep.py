@@ -57,6 +57,41 @@ def time_copies(call_on, copies: int, replays: int = REPLAYS) -> float:
     return summarise(time_calls([lambda i=i: call_on(i) for i in range(copies)], replays=replays))["us"]
 
 
+PROBE_METHOD = "int4lab.bench.timing (median of 20 replays, p10 / p90); variants alternate, twice"
+
+
+def grouped_probe_row(model: str, tokens: int, dev, l2: int):
+    """One row of a grouped-plan probe: moe_setup's (x, ids, router weights, weight copies, active experts,
+    bytes) and the table's (gate_up, down) plan pair for it."""
+    m = MODELS[model]
+    E, A, H, I = m.n_experts, m.top_k, m.hidden, m.intermediate
+    x, ids, tw, w, act, nbytes = moe_setup(m, tokens, dev, l2)
+    pair = (grouped_plan(2 * I, H, tokens * A, E, dev), grouped_plan(H, I, tokens * A, E, dev))
+    return x, ids, tw, w, act, nbytes, pair
+
+
+def keep_row(res: dict, row: dict, path) -> None:
+    """Append a probe row to `res`, print its medians and rewrite the receipt at `path` (a cut-off call keeps
+    the rows it finished), then free the GPU memory of the row's weights."""
+    res["rows"].append(row)
+    print(row["model"], row["tokens"], {k: [v[0] for v in vs] for k, vs in row["us"].items()}, flush=True)
+    Path(path).write_text(json.dumps(res, indent=1))
+    torch.cuda.empty_cache()
+
+
+def time_plan_pairs(x, ids, tw, w, variants: dict, rounds: int = 2) -> dict:
+    """moe_decode_grouped under each (gate_up, down) plan pair of `variants` in turn, `rounds` times (the probes'
+    alternation, so a drift of the GPU hits every variant alike): label -> [[us, p10, p90] per round], each a
+    graph of one call per weight copy in `w` (moe_setup's rotation past L2)."""
+    out = {}
+    for _ in range(rounds):
+        for label, pair in variants.items():
+            s = summarise(time_calls([lambda i=i, pair=pair: moe_decode_grouped(x, ids, tw, *w[i], plan=pair)
+                                      for i in range(len(w))]))
+            out.setdefault(label, []).append([round(s["us"], 2), round(s["p10_us"], 2), round(s["p90_us"], 2)])
+    return out
+
+
 def dense_weights(N, K, copies, dev):
     packed = torch.randint(0, 256, (copies, N, K // 2), dtype=torch.uint8, device=dev)
     scales = (torch.rand(copies, N, K // 32, device=dev) * 0.01 + 1e-3).half()
