@@ -7,8 +7,8 @@ alone, built at run time from two sources by exact text substitutions (each asse
   refactor    the _tile body only: v24 with both decode cuts undone (codes n - 8, interleave, no 1/16)
   codes16     prev with 16 x codes only (still interleaved, masked)
   order       v24 with codes n - 8 (word order, unmasked where even)
-`--set=v30` rewrites the tree's kernel (its "prev" is the tree: the loop's loads pipelined by tl.range, or the
-scale loads issued a step ahead). The sets other than `final` (v28) and `v30` rewrite the v24 kernel: they run on the tree of commit 5e98f8e, where
+`--set=v30` rewrites the kernel of commit 2fa94f8's tree, where it ran (its "prev" is that tree's kernel: the
+loop's loads pipelined by tl.range, or the scale loads issued a step ahead; the latter is the kernel since v30). The sets other than `final` (v28) and `v30` rewrite the v24 kernel: they run on the tree of commit 5e98f8e, where
 int4lab/kernels/grouped_mma.py is v24's (on a later tree their substitutions fail by assertion).
 Per (model, tokens): the grouped MoE step with the table's plans, variants alternating, twice, same bits
 checked; the bench's routing and timer, weights rotated past L2.

@@ -72,7 +72,7 @@ def grouped_probe_row(model: str, tokens: int, dev, l2: int):
 
 def keep_row(res: dict, row: dict, path) -> None:
     """Append a probe row to `res`, print its medians and rewrite the receipt at `path` (a cut-off call keeps
-    the rows it finished), then free the GPU memory of the row's weights."""
+    the rows it finished), then hand the cached GPU memory back (the caller drops the row's weights first)."""
     res["rows"].append(row)
     print(row["model"], row["tokens"], {k: [v[0] for v in vs] for k, vs in row["us"].items()}, flush=True)
     Path(path).write_text(json.dumps(res, indent=1))
