@@ -34,7 +34,7 @@ from int4lab.kernels.moe import moe_decode_grouped
 from int4lab.kernels.plan import grouped_plan
 from int4lab.receipts import provenance
 from int4lab.shapes import MODELS
-from int4lab.tune.sweep import moe_setup
+from int4lab.tune.sweep import grouped_probe_row, moe_setup
 
 PREV = Path("diag/grouped_mma_prev.py").read_text()
 TREE = Path("int4lab/kernels/grouped_mma.py").read_text()
@@ -248,11 +248,8 @@ ROWS["final"] = ROWS["cuts"] + (("qwen3", 64),)
 ROWS["v27"] = ROWS["cuts"] + (("qwen3", 64),)
 ROWS["v30"] = ROWS["v34"] = ROWS["final"]
 for model, T in ROWS[SET]:
-    m = MODELS[model]
-    E, A, H, I = m.n_experts, m.top_k, m.hidden, m.intermediate
-    x, ids, tw, w, act, nbytes = moe_setup(m, T, dev, l2)
+    x, ids, tw, w, act, nbytes, pp = grouped_probe_row(model, T, dev, l2)
     copies = len(w)
-    pp = (grouped_plan(2 * I, H, T * A, E, dev), grouped_plan(H, I, T * A, E, dev))
     pp_half = tuple(dataclasses.replace(p, block_m=max(16, p.block_m), half_tiles=True) if p.kind == "mma" else p
                     for p in pp)
     row = {"model": model, "tokens": T, "copies": copies, "bytes": nbytes, "n_active": act,
