@@ -184,6 +184,69 @@ SETS["v30"] = lambda: {"prev": TREE, "staged3": staged(TREE, 3), "staged2": stag
 # under the table's plans (same bits); timed on commit 59072b5 (branch next/v34-three-quarter-record), whose kernel
 # runs a 32-row tile of 17-24 live rows as 16 + 8 rows
 SETS["v34"] = lambda: {"prev": Path("diag/grouped_mma_v30.py").read_text(), "tree": TREE}
+
+
+PAIRS = """@triton.jit
+def _pairs(ptrs, mask, NB: tl.constexpr, BM: tl.constexpr):
+    \"\"\"tl.load of a [NB, BM] tensor as two [NB, BM / 2] loads (even, odd columns) joined back: Triton loads a
+    tensor of fewer elements than threads straight into the layout its user wants (here the MMA accumulator's,
+    which holds column pairs), where a bigger one goes through shared memory and barriers (v35).\"\"\"
+    pe, po = tl.split(tl.reshape(ptrs, [NB, BM // 2, 2]))
+    me, mo = tl.split(tl.reshape(mask, [NB, BM // 2, 2]))
+    return tl.reshape(tl.join(tl.load(pe, mask=me, other=0.0), tl.load(po, mask=mo, other=0.0)), [NB, BM])
+
+
+@triton.jit
+def _eighths(ptrs, mask, NB: tl.constexpr, BN: tl.constexpr):
+    \"\"\"The same for [NB, BN] (BN = 64) in the accumulator's row order n = g + 8 h + 16 i: eight [NB, 8] loads.\"\"\"
+    p = tl.permute(tl.reshape(ptrs, [NB, 2, 2, 2, 8]), (0, 4, 1, 2, 3))
+    mk = tl.permute(tl.reshape(mask, [NB, 2, 2, 2, 8]), (0, 4, 1, 2, 3))
+    p0, p1 = tl.split(p)
+    m0, m1 = tl.split(mk)
+    p00, p01 = tl.split(p0)
+    p10, p11 = tl.split(p1)
+    m00, m01 = tl.split(m0)
+    m10, m11 = tl.split(m1)
+    a0, a1 = tl.split(p00)
+    b0, b1 = tl.split(p01)
+    c0, c1 = tl.split(p10)
+    d0, d1 = tl.split(p11)
+    ma0, ma1 = tl.split(m00)
+    mb0, mb1 = tl.split(m01)
+    mc0, mc1 = tl.split(m10)
+    md0, md1 = tl.split(m11)
+    va = tl.join(tl.load(a0, mask=ma0, other=0.0), tl.load(a1, mask=ma1, other=0.0))
+    vb = tl.join(tl.load(b0, mask=mb0, other=0.0), tl.load(b1, mask=mb1, other=0.0))
+    vc = tl.join(tl.load(c0, mask=mc0, other=0.0), tl.load(c1, mask=mc1, other=0.0))
+    vd = tl.join(tl.load(d0, mask=md0, other=0.0), tl.load(d1, mask=md1, other=0.0))
+    v = tl.join(tl.join(va, vb), tl.join(vc, vd))
+    return tl.reshape(tl.permute(v, (0, 2, 3, 4, 1)), [NB, BN])
+
+
+"""
+
+
+def asc_direct(src):
+    """v35: x's scales loaded as two half-size loads, so they reach the accumulator's layout without a shared-memory
+    round trip (two of the loop's four barriers go; same bits)."""
+    src = sub(src, "@triton.jit\ndef _tile(", PAIRS + "@triton.jit\ndef _tile(")
+    src = sub(src, "asc = tl.load(as_rows + kb[:, None], mask=(kb < KB)[:, None] & m_mask[None, :], other=0.0)",
+              "asc = _pairs(as_rows + kb[:, None], (kb < KB)[:, None] & m_mask[None, :], NB, BLOCK_M)")
+    return sub(src, "asc_next = tl.load(as_rows + (kb + NB)[:, None], mask=ahead[:, None] & m_mask[None, :], other=0.0)",
+               "asc_next = _pairs(as_rows + (kb + NB)[:, None], ahead[:, None] & m_mask[None, :], NB, BLOCK_M)")
+
+
+def scales_direct(src):
+    """v35: both scales without the shared-memory round trip (the weights' scales as eight loads; BLOCK_N 64)."""
+    src = asc_direct(src)
+    src = sub(src, "wsc = tl.load(s_rows + kb[:, None], mask=(kb < KB)[:, None] & n_mask[None, :], other=0.0)",
+              "wsc = _eighths(s_rows + kb[:, None], (kb < KB)[:, None] & n_mask[None, :], NB, BLOCK_N)")
+    return sub(src, "wsc_next = tl.load(s_rows + (kb + NB)[:, None], mask=ahead[:, None] & n_mask[None, :], other=0.0)",
+               "wsc_next = _eighths(s_rows + (kb + NB)[:, None], ahead[:, None] & n_mask[None, :], NB, BLOCK_N)")
+
+
+# v35: the tree's kernel (v30) with its scale loads reaching the accumulator's layout without shared memory
+SETS["v35"] = lambda: {"prev": TREE, "asc_direct": asc_direct(TREE), "scales_direct": scales_direct(TREE)}
 SET = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--set=")), "cuts")
 SOURCES = SETS[SET]()
 
@@ -217,12 +280,14 @@ l2 = timing.l2_bytes()
 torch.manual_seed(0)
 
 if "--ncu" in sys.argv:
-    # Mixtral gate_up at 32 tokens (bm16): each variant twice (compile, warm), then once each, profiled:
+    # Mixtral gate_up at 32 tokens (bm16; --ncu-tokens=T for another batch): each variant twice (compile, warm),
+    # then once each, profiled:
     # ncu --launch-skip 12 --launch-count 6 in this order of SOURCES
     from int4lab.kernels.grouped import build_group_tiles, gemm_int4_b32_grouped
     from int4lab.kernels.quant import quant_x_rows
     m = MODELS["mixtral"]
-    x, ids, tw, w, act, nbytes = moe_setup(m, 32, dev, l2)
+    NCU_T = int(next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--ncu-tokens=")), "32"))
+    x, ids, tw, w, act, nbytes = moe_setup(m, NCU_T, dev, l2)
     L = ids.numel()
     p = grouped_plan(2 * m.intermediate, m.hidden, L, m.n_experts, dev)
     tiles = build_group_tiles(ids.view(-1), m.n_experts, p.block_m)
@@ -237,7 +302,7 @@ if "--ncu" in sys.argv:
 
 out_dir = sys.argv[1]
 name = {"cuts": "probe_v24_cuts_h200.json", "final": "probe_v28_final_h200.json", "v30": "probe_v30_staged_h200.json",
-        "v34": "probe_v34_three_quarter_h200.json"}.get(SET, f"probe_v26b_{SET}_h200.json")
+        "v34": "probe_v34_three_quarter_h200.json", "v35": "probe_v35_scales_direct_h200.json"}.get(SET, f"probe_v26b_{SET}_h200.json")
 res = {"provenance": provenance(f"python3 scripts/probe_v24_cuts.py $OUT --set={SET}"), "set": SET,
        "method": "int4lab.bench.timing (median of 20 replays, p10 / p90); variants alternate, twice",
        "variants": list(SOURCES), "rows": []}
@@ -246,7 +311,7 @@ ROWS = {"cuts": (("mixtral", 32), ("olmoe", 64), ("mixtral", 64), ("olmoe", 32),
 ROWS["hints"] = ROWS["parts"] = ROWS["leave_out"]
 ROWS["final"] = ROWS["cuts"] + (("qwen3", 64),)
 ROWS["v27"] = ROWS["cuts"] + (("qwen3", 64),)
-ROWS["v30"] = ROWS["v34"] = ROWS["final"]
+ROWS["v30"] = ROWS["v34"] = ROWS["v35"] = ROWS["final"]
 for model, T in ROWS[SET]:
     x, ids, tw, w, act, nbytes, pp = grouped_probe_row(model, T, dev, l2)
     copies = len(w)
