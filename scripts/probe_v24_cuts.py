@@ -247,6 +247,27 @@ def scales_direct(src):
 
 # v35: the tree's kernel (v30) with its scale loads reaching the accumulator's layout without shared memory
 SETS["v35"] = lambda: {"prev": TREE, "asc_direct": asc_direct(TREE), "scales_direct": scales_direct(TREE)}
+# v36: the tree's kernel under a register cap per tile height (Triton's `maxnreg`), so one more program fits an SM:
+# 32 rows 168 -> 128 (3 -> 4 programs), 16 rows 122 -> 96 (4 -> 5), 8 rows 76 -> 64 (6 -> 8); the compiler spills
+# 20 / 28 / 12 bytes per thread (same bits: the cap moves registers, not arithmetic)
+SETS["v36"] = lambda: {"prev": TREE, "cap": TREE, "cap32": TREE}
+CAPS = {"cap": {32: 128, 16: 96, 8: 64}, "cap32": {32: 128}}
+
+
+class Capped:
+    """A kernel launched with maxnreg chosen by its BLOCK_M (the half loop shares its kernel's cap)."""
+    def __init__(self, kern, caps):
+        self.kern, self.caps, self.device_caches = kern, caps, kern.device_caches
+
+    def __getitem__(self, grid):
+        launch = self.kern[grid]
+
+        def run(*args, **kw):
+            cap = self.caps.get(kw["BLOCK_M"])
+            return launch(*args, **kw) if cap is None else launch(*args, maxnreg=cap, **kw)
+        return run
+
+
 SET = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--set=")), "cuts")
 SOURCES = SETS[SET]()
 
@@ -274,7 +295,7 @@ def compiled(kern):
     return out
 
 
-KERNELS = {k: load(k, s) for k, s in SOURCES.items()}
+KERNELS = {k: Capped(load(k, s), CAPS[k]) if k in CAPS else load(k, s) for k, s in SOURCES.items()}
 dev = torch.device("cuda")
 l2 = timing.l2_bytes()
 torch.manual_seed(0)
@@ -302,7 +323,8 @@ if "--ncu" in sys.argv:
 
 out_dir = sys.argv[1]
 name = {"cuts": "probe_v24_cuts_h200.json", "final": "probe_v28_final_h200.json", "v30": "probe_v30_staged_h200.json",
-        "v34": "probe_v34_three_quarter_h200.json", "v35": "probe_v35_scales_direct_h200.json"}.get(SET, f"probe_v26b_{SET}_h200.json")
+        "v34": "probe_v34_three_quarter_h200.json", "v35": "probe_v35_scales_direct_h200.json",
+        "v36": "probe_v36_maxnreg_h200.json"}.get(SET, f"probe_v26b_{SET}_h200.json")
 res = {"provenance": provenance(f"python3 scripts/probe_v24_cuts.py $OUT --set={SET}"), "set": SET,
        "method": "int4lab.bench.timing (median of 20 replays, p10 / p90); variants alternate, twice",
        "variants": list(SOURCES), "rows": []}
@@ -311,7 +333,7 @@ ROWS = {"cuts": (("mixtral", 32), ("olmoe", 64), ("mixtral", 64), ("olmoe", 32),
 ROWS["hints"] = ROWS["parts"] = ROWS["leave_out"]
 ROWS["final"] = ROWS["cuts"] + (("qwen3", 64),)
 ROWS["v27"] = ROWS["cuts"] + (("qwen3", 64),)
-ROWS["v30"] = ROWS["v34"] = ROWS["v35"] = ROWS["final"]
+ROWS["v30"] = ROWS["v34"] = ROWS["v35"] = ROWS["v36"] = ROWS["final"]
 for model, T in ROWS[SET]:
     x, ids, tw, w, act, nbytes, pp = grouped_probe_row(model, T, dev, l2)
     copies = len(w)
