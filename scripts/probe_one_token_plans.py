@@ -1,0 +1,95 @@
+"""The one-token MoE step's two GEMV plans, each varied alone (notes/perf.md v37).
+
+v12 varied one plan shared by both GEMVs (bn16 / bn64 / bk512 / bk2048 / waves 1: within +-5 %); the table gives
+gate_up and down different rows, and the down GEMV's split was never varied. Per model, the routed step
+(`moe.moe_decode_routed`'s two launches, its PDL choice kept) under each (gate_up plan, down plan) pair, the pairs
+alternating over ROUNDS rounds, the bench's timer, weights rotated past L2; ratio to the table per round.
+    PYTHONPATH=$PWD python3 scripts/probe_one_token_plans.py $OUT     # -> $OUT/probe_v37_one_token_h200.json
+"""
+import dataclasses
+import json
+import statistics
+import sys
+
+import torch
+
+from int4lab.bench import timing
+from int4lab.bench.decide import median_ci
+from int4lab.kernels import plan as P
+from int4lab.kernels.gemv import X_FLOAT, X_SWIGLU, _launch_gemv
+from int4lab.receipts import provenance
+from int4lab.shapes import MODELS
+from int4lab.tune.sweep import moe_setup
+
+ROUNDS = 8
+
+
+def step(x, ids, tw, gu_p, gu_s, dn_p, dn_s, p_gu, p_dn, pdl):
+    """moe_decode_routed's two launches for one token, with a plan per GEMV."""
+    E, two_i, H = gu_p.shape[0], gu_p.shape[1], x.shape[1]
+    I, A = two_i // 2, ids.shape[1]
+    L, eids = ids.numel(), ids.reshape(-1)
+    h = _launch_gemv(x, None, gu_p, gu_s, eids, 2 * I, H, L, x_mode=X_FLOAT, rows_per_x=A, plan=p_gu,
+                     pdl=1 if pdl else 0)
+    return _launch_gemv(h, None, dn_p, dn_s, eids, H, I, L, x_mode=X_SWIGLU, topk_w=tw, plan=p_dn,
+                        pdl=2 if pdl else 0)
+
+
+def pairs(m, dev):
+    """(gate_up plan, down plan) by label: the table's pair, then one GEMV's plan changed at a time (block_n
+    halved or doubled at the table's split, num_warps 8; the down GEMV's split halved, doubled, or 7)."""
+    H, I, L = m.hidden, m.intermediate, m.top_k
+    gu, dn = P.resolve(None, 2 * I, H, L, dev), P.resolve(None, H, I, L, dev)
+    out = {"table": (gu, dn)}
+    for tag, base, N, K in (("gate_up", gu, 2 * I, H), ("down", dn, H, I)):
+        for bn in (base.block_n // 2, base.block_n * 2):
+            if bn >= 8:
+                v = P.resolve(dataclasses.replace(base, block_n=bn), N, K, L, dev, base.split_k)
+                out[f"{tag}_bn{bn}"] = (v, dn) if tag == "gate_up" else (gu, v)
+        v = P.resolve(dataclasses.replace(base, num_warps=8), N, K, L, dev, base.split_k)
+        out[f"{tag}_w8"] = (v, dn) if tag == "gate_up" else (gu, v)
+    k_tiles = -(-I // dn.block_k)
+    for sk in sorted({dn.split_k * 2, dn.split_k // 2, 7 if k_tiles % 7 == 0 else 0} - {0, dn.split_k}):
+        if sk <= min(k_tiles, P.MAX_SPLIT_K):
+            out[f"down_split{sk}"] = (gu, P.resolve(dn, H, I, L, dev, sk))
+    return out
+
+
+def main(out_dir):
+    dev = torch.device("cuda")
+    l2 = timing.l2_bytes()
+    torch.manual_seed(0)
+    res = {"provenance": provenance("python3 scripts/probe_one_token_plans.py $OUT"),
+           "method": f"int4lab.bench.timing medians; the pairs alternate over {ROUNDS} rounds; ratio to the table "
+                     "per round, its median and 95 % order-statistic interval (bench.decide.median_ci)",
+           "rows": []}
+    for name in ("mixtral", "olmoe", "qwen3"):
+        m = MODELS[name]
+        x, ids, tw, w, act, nbytes = moe_setup(m, 1, dev, l2)
+        pdl = P.moe_pdl(dev, m.hidden * m.intermediate)
+        variants = pairs(m, dev)
+        us = {k: [] for k in variants}
+        outs = {k: step(x, ids, tw, *w[0], *pr, pdl) for k, pr in variants.items()}
+        for r in range(ROUNDS):
+            for k, (pg, pd) in variants.items():
+                us[k].append(timing.summarise(timing.time_calls(
+                    [lambda i=i, pg=pg, pd=pd: step(x, ids, tw, *w[i], pg, pd, pdl) for i in range(len(w))]))["us"])
+        ref = outs["table"].float()
+        row = {"model": name, "pdl": pdl, "bytes": nbytes, "plans": {k: [str(p) for p in v] for k, v in variants.items()},
+               "us": us, "max_rel_diff_vs_table": {k: float((o.float() - ref).abs().max() / ref.abs().max())
+                                                    for k, o in outs.items()},
+               "ratio_to_table": {}}
+        for k in variants:
+            rs = [a / b for a, b in zip(us[k], us["table"])]
+            row["ratio_to_table"][k] = dict(zip(("median", "lo", "hi"), median_ci(rs)))
+        res["rows"].append(row)
+        print(name, "table", round(statistics.median(us["table"]), 2), "us;",
+              {k: [round(v, 3) for v in r.values()] for k, r in row["ratio_to_table"].items() if k != "table"},
+              flush=True)
+        json.dump(res, open(f"{out_dir}/probe_v37_one_token_h200.json", "w"), indent=1)
+        del w
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
