@@ -5,6 +5,9 @@ gate_up and down different rows, and the down GEMV's split was never varied. Per
 (`moe.moe_decode_routed`'s two launches, its PDL choice kept) under each (gate_up plan, down plan) pair, the pairs
 alternating over ROUNDS rounds, the bench's timer, weights rotated past L2; ratio to the table per round.
     PYTHONPATH=$PWD python3 scripts/probe_one_token_plans.py $OUT     # -> $OUT/probe_v37_one_token_h200.json
+--candidate (v37b): the routed step (moe_decode_routed, whatever it plans) under the committed GEMV table and under
+CANDIDATE, alternating, at the token counts where the dispatcher takes the routed path:
+    PYTHONPATH=$PWD python3 scripts/probe_one_token_plans.py $OUT --candidate   # -> probe_v37b_table_h200.json
 """
 import dataclasses
 import json
@@ -91,5 +94,48 @@ def main(out_dir):
         torch.cuda.empty_cache()
 
 
+# v37b: routed rows (R >= 2) with K < N (the small models' down GEMV) on bn64 tiles; K >= N keeps bn32
+TABLE = P.GEMV_TABLE["sm90"]
+CANDIDATE = TABLE[:2] + (
+    (0, 2, 1.0, P.GemvPlan(block_n=32, block_k=1024, num_warps=4, num_stages=2, waves=0.25)),
+    (0, 2, 0.0, P.GemvPlan(block_n=64, block_k=1024, num_warps=4, num_stages=2, waves=0.25))) + TABLE[3:]
+ROUTED_ROWS = (("qwen3", 1), ("olmoe", 1), ("qwen3", 8), ("qwen3", 16), ("olmoe", 8), ("mixtral", 1))
+
+
+def candidate(out_dir):
+    from int4lab.kernels.moe import moe_decode_routed
+    assert TABLE[2][:3] == (0, 2, 0.0) and len(CANDIDATE) == len(TABLE) + 1
+    dev = torch.device("cuda")
+    l2 = timing.l2_bytes()
+    torch.manual_seed(0)
+    res = {"provenance": provenance("python3 scripts/probe_one_token_plans.py $OUT --candidate"),
+           "method": f"moe_decode_routed under the committed table and the candidate, alternating over {ROUNDS} "
+                     "rounds; ratio candidate / table per round, its median and 95 % order-statistic interval",
+           "candidate_rows": [str(r) for r in CANDIDATE], "rows": []}
+    tables = {"table": TABLE, "candidate": CANDIDATE}
+    for name, T in ROUTED_ROWS:
+        m = MODELS[name]
+        x, ids, tw, w, act, nbytes = moe_setup(m, T, dev, l2)
+        us, outs = {k: [] for k in tables}, {}
+        for k, t in tables.items():
+            P.GEMV_TABLE["sm90"] = t
+            outs[k] = moe_decode_routed(x, ids, tw, *w[0])
+        for r in range(ROUNDS):
+            for k, t in tables.items():
+                P.GEMV_TABLE["sm90"] = t
+                us[k].append(timing.summarise(timing.time_calls(
+                    [lambda i=i: moe_decode_routed(x, ids, tw, *w[i]) for i in range(len(w))]))["us"])
+        P.GEMV_TABLE["sm90"] = TABLE
+        ratio = dict(zip(("median", "lo", "hi"), median_ci([a / b for a, b in zip(us["candidate"], us["table"])])))
+        row = {"model": name, "tokens": T, "us": us, "ratio": ratio,
+               "same_bits": torch.equal(outs["table"].view(torch.int16), outs["candidate"].view(torch.int16))}
+        res["rows"].append(row)
+        print(name, T, "table", round(statistics.median(us["table"]), 2), "us; candidate / table",
+              [round(v, 3) for v in ratio.values()], "same bits", row["same_bits"], flush=True)
+        json.dump(res, open(f"{out_dir}/probe_v37b_table_h200.json", "w"), indent=1)
+        del w
+        torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    candidate(sys.argv[1]) if "--candidate" in sys.argv else main(sys.argv[1])
