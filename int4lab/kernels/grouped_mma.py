@@ -23,7 +23,8 @@ program the same lines) made the tile 1.5-1.8x slower (notes/perf.md v26).
 
 Scales a step ahead (v30): the scales of step i + 1 are loaded during step i. Triton's pipeliner stages the
 dot's operands (x and the weights) through shared memory a few steps ahead, but not the scale loads, whose
-latency each step waited out: -2 to -7 % on the 8- to 32-row tiles, same registers (notes/perf.md v30).
+latency each step waited out: -2 to -7 % on the 16- and 32-row tiles and on OLMoE's 8-row tiles, 0 % on
+Qwen3's, same registers (notes/perf.md v30).
 
 Numerics: each block sum is scaled as d * (ws * xs) and accumulated per block column across the K steps,
 and the NB columns are folded once at the end by epilogue.fold_blocks: the grouped dp4a kernel's order,
