@@ -255,25 +255,39 @@ def run_to_run(rec, other, q: float = 0.9) -> float | None:
     return moves[min(len(moves) - 1, int(q * len(moves)))] if moves else None
 
 
-# The paired re-measurement of undecided targets (`python -m int4lab.bench.decide`); used only when it timed the
-# same kernel sources as the receipt.
-DECIDE = RECEIPTS / "decide_h200.json"
+# The paired re-measurements of undecided targets (`python -m int4lab.bench.decide`), one file per device session;
+# used only where they timed the same kernel sources as the receipt.
+DECIDE_GLOB = "decide_h200*.json"
 
 
-def paired_ratios(rec, path=DECIDE) -> dict:
-    """{(kind, model or N, tokens or K, numerator, denominator): {"median", "lo", "hi", "n"}} from a bench.decide
-    receipt whose kernel hash equals `rec`'s; {} when there is none or it timed other kernels."""
-    path = Path(path)
-    if not path.exists():
-        return {}
-    dec = json.loads(path.read_text())
+def paired_ratios(rec, paths=None) -> dict:
+    """{(kind, model or N, tokens or K, numerator, denominator): {"median", "lo", "hi", "n"}} over the bench.decide
+    receipts (default: RECEIPTS / DECIDE_GLOB) whose kernel hash equals `rec`'s. Several sessions (device calls,
+    possibly other machines of the pool) of the same ratio pool into one: the median of their medians and the
+    hull of all their intervals, so sessions that disagree leave a target undecided. {} when none matches."""
+    paths = sorted(RECEIPTS.glob(DECIDE_GLOB)) if paths is None else [Path(p) for p in paths]
     mine = rec.get("provenance", {}).get("kernel_sources_sha256")
-    if mine is None or dec.get("provenance", {}).get("kernel_sources_sha256") != mine:
-        return {}
-    m = dec["method"]
-    n = f"{m['rounds']} rounds x {m['processes']} processes"
-    return {(*s["key"], r["num"], r["den"]): {"median": r["median"], "lo": r["lo"], "hi": r["hi"], "n": n}
-            for s in dec["specs"] for r in s["ratios"]}
+    found: dict = {}
+    for path in paths:
+        if not path.exists():
+            continue
+        dec = json.loads(path.read_text())
+        if mine is None or dec.get("provenance", {}).get("kernel_sources_sha256") != mine:
+            continue
+        m = dec["method"]
+        for spec in dec["specs"]:
+            for r in spec["ratios"]:
+                found.setdefault((*spec["key"], r["num"], r["den"]), []).append((r, m))
+    out = {}
+    for key, runs in found.items():
+        meds = sorted(r["median"] for r, _ in runs)
+        mid = len(meds) // 2
+        n_rounds = {f"{m['rounds']} rounds x {m['processes']} processes" for _, m in runs}
+        out[key] = {"median": meds[mid] if len(meds) % 2 else (meds[mid - 1] + meds[mid]) / 2,
+                    "lo": min(r["lo"] for r, _ in runs), "hi": max(r["hi"] for r, _ in runs),
+                    "n": f"{' / '.join(sorted(n_rounds))} x {len(runs)} session{'s' if len(runs) > 1 else ''}",
+                    "sessions": [r["median"] for r, _ in runs]}
+    return out
 
 
 def _settle(status: str, measured: str, paired, key, limit: float, at_most: bool = True) -> tuple[str, str]:
@@ -283,7 +297,8 @@ def _settle(status: str, measured: str, paired, key, limit: float, at_most: bool
     if status != "undecided" or d is None:
         return status, measured
     return (decided(d["lo"], d["hi"], limit, at_most),
-            f"{measured}; paired: {d['median']:.3f}× [{d['lo']:.3f}, {d['hi']:.3f}], {d['n']}")
+            f"{measured}; paired: {d['median']:.3f}× [{d['lo']:.3f}, {d['hi']:.3f}], {d['n']}"
+            + (f" (session medians {', '.join(f'{v:.3f}' for v in d['sessions'])})" if len(d["sessions"]) > 1 else ""))
 
 
 BIG_SHAPES = ((14336, 4096), (4096, 14336), (28672, 4096), (28672, 8192))
@@ -397,9 +412,9 @@ def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
         + (f" (undecided: met or missed by less than {100 * spread:.1f} %, the 90th percentile of how far the same "
            "torch kernels' medians moved between two bench runs, `report.run_to_run`)" if spread else "")
         + (f". {n_settled} targets within that spread were re-measured in paired rounds "
-           "(`python -m int4lab.bench.decide`, `data/receipts/decide_h200.json`, the same kernel sources): "
-           "each such row gives the ratio's median and the hull of its processes' 95 % intervals, and its status "
-           "is decided only where that interval lies on one side of the limit" if n_settled else "")
+           "(`python -m int4lab.bench.decide`, `data/receipts/decide_h200_*.json`, one file per device session, the "
+           "same kernel sources): each such row gives the ratio's median and the hull of every process's and "
+           "session's 95 % interval, and its status is decided only where that hull lies on one side of the limit" if n_settled else "")
         + "\n\n" + targets_table(checks),
     ]
     if rec["skipped"]:

@@ -89,15 +89,15 @@ def test_report_settles_an_undecided_target_with_the_paired_interval(tmp_path):
     big = "14336×4096: int4_b32 ≤ 1.15× read floor"                  # 10 / 9 = 1.111: undecided at 5 %
     status = lambda paired: {c.target: c for c in report.targets(rec, anchors, 0.05, paired)}[big]
     assert status({}).status == "undecided"
-    inside = report.paired_ratios(rec, _decide_receipt(tmp_path / "a.json", "k1", 1.105, 1.118))
-    assert status(inside).status == "pass" and "paired: 1.111× [1.105, 1.118], 15 rounds x 3 processes" in \
+    inside = report.paired_ratios(rec, [_decide_receipt(tmp_path / "a.json", "k1", 1.105, 1.118)])
+    assert status(inside).status == "pass" and "paired: 1.111× [1.105, 1.118], 15 rounds x 3 processes x 1 session" in \
         status(inside).measured
-    assert status(report.paired_ratios(rec, _decide_receipt(tmp_path / "b.json", "k1", 1.151, 1.16))).status == "miss"
-    assert status(report.paired_ratios(rec, _decide_receipt(tmp_path / "c.json", "k1", 1.14, 1.16))).status \
+    assert status(report.paired_ratios(rec, [_decide_receipt(tmp_path / "b.json", "k1", 1.151, 1.16)])).status == "miss"
+    assert status(report.paired_ratios(rec, [_decide_receipt(tmp_path / "c.json", "k1", 1.14, 1.16)])).status \
         == "undecided"
     # another kernel's re-measurement settles nothing; nor does one for a target the receipt already decides
-    assert report.paired_ratios(rec, _decide_receipt(tmp_path / "d.json", "k2", 1.105, 1.118)) == {}
-    assert report.paired_ratios(rec, tmp_path / "none.json") == {}
+    assert report.paired_ratios(rec, [_decide_receipt(tmp_path / "d.json", "k2", 1.105, 1.118)]) == {}
+    assert report.paired_ratios(rec, [tmp_path / "none.json"]) == {}
     miss = "4096×14336: int4_b32 ≤ 1.15× read floor"
     assert {c.target: c.status for c in report.targets(rec, anchors, 0.02, inside)}[miss] == "miss"
     block = report.render(rec, anchors, 0.05, inside)
@@ -110,3 +110,21 @@ def test_measure_gives_one_median_per_round_and_item():
     out = decide.measure(("gemv", 256, 512), rounds=6)
     assert set(out["us"]) == {"int4_b32", "floor"} and out["floor_bytes"] > 256 * 512 // 2
     assert all(len(v) == 6 and min(v) > 0 for v in out["us"].values())
+
+
+def test_sessions_that_disagree_leave_the_target_undecided(tmp_path):
+    """Two device sessions of the same kernels pool into the hull of their intervals: one session under the limit and
+    one over it decide nothing, whatever each says alone."""
+    rec = _synthetic_receipt(tmp_path)
+    rec["provenance"]["kernel_sources_sha256"] = "k1"
+    anchors = report.parse_ggml(GGML_SAMPLE)
+    big = "14336×4096: int4_b32 ≤ 1.15× read floor"
+    under = _decide_receipt(tmp_path / "s1.json", "k1", 1.105, 1.118)
+    over = _decide_receipt(tmp_path / "s2.json", "k1", 1.152, 1.160)
+    paired = report.paired_ratios(rec, [under, over])
+    d = paired[("gemv", 14336, 4096, "int4_b32", "floor")]
+    assert (d["lo"], d["hi"]) == (1.105, 1.160) and "x 2 sessions" in d["n"]
+    check = {c.target: c for c in report.targets(rec, anchors, 0.05, paired)}[big]
+    assert check.status == "undecided" and "session medians 1.111, 1.156" in check.measured
+    agree = report.paired_ratios(rec, [under, _decide_receipt(tmp_path / "s3.json", "k1", 1.10, 1.12)])
+    assert {c.target: c.status for c in report.targets(rec, anchors, 0.05, agree)}[big] == "pass"
