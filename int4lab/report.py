@@ -264,20 +264,26 @@ def paired_ratios(rec, paths=None) -> dict:
     """{(kind, model or N, tokens or K, numerator, denominator): {"median", "lo", "hi", "n"}} over the bench.decide
     receipts (default: RECEIPTS / DECIDE_GLOB) whose kernel hash equals `rec`'s. Several sessions (device calls,
     possibly other machines of the pool) of the same ratio pool into one: the median of their medians and the
-    hull of all their intervals, so sessions that disagree leave a target undecided. {} when none matches."""
+    hull of all their intervals, so sessions that disagree leave a target undecided. Sessions of other kernel
+    sources are kept as "stale" intervals: they can withhold a verdict (`_settle`), never grant one. {} when no
+    session matches."""
     paths = sorted(RECEIPTS.glob(DECIDE_GLOB)) if paths is None else [Path(p) for p in paths]
     mine = rec.get("provenance", {}).get("kernel_sources_sha256")
     found: dict = {}
+    stale: dict = {}
     for path in paths:
         if not path.exists():
             continue
         dec = json.loads(path.read_text())
-        if mine is None or dec.get("provenance", {}).get("kernel_sources_sha256") != mine:
-            continue
+        same = mine is not None and dec.get("provenance", {}).get("kernel_sources_sha256") == mine
         m = dec["method"]
         for spec in dec["specs"]:
             for r in spec["ratios"]:
-                found.setdefault((*spec["key"], r["num"], r["den"]), []).append((r, m))
+                key = (*spec["key"], r["num"], r["den"])
+                if same:
+                    found.setdefault(key, []).append((r, m))
+                else:
+                    stale.setdefault(key, []).append((r["median"], r["lo"], r["hi"]))
     out = {}
     for key, runs in found.items():
         meds = sorted(r["median"] for r, _ in runs)
@@ -286,19 +292,26 @@ def paired_ratios(rec, paths=None) -> dict:
         out[key] = {"median": meds[mid] if len(meds) % 2 else (meds[mid - 1] + meds[mid]) / 2,
                     "lo": min(r["lo"] for r, _ in runs), "hi": max(r["hi"] for r, _ in runs),
                     "n": f"{' / '.join(sorted(n_rounds))} x {len(runs)} session{'s' if len(runs) > 1 else ''}",
-                    "sessions": [r["median"] for r, _ in runs]}
+                    "sessions": [r["median"] for r, _ in runs], "stale": stale.get(key, [])}
     return out
 
 
 def _settle(status: str, measured: str, paired, key, limit: float, at_most: bool = True) -> tuple[str, str]:
-    """An "undecided" status settled by the paired re-measurement of the same ratio, where there is one."""
+    """An "undecided" status settled by the paired re-measurement of the same ratio, where there is one. A session
+    of other kernel sources whose interval lies wholly on the other side of the limit keeps it undecided: it
+    cannot vouch for this code, but its contradiction says the margin may not survive another machine."""
     from .bench.decide import decided
     d = (paired or {}).get(key)
     if status != "undecided" or d is None:
         return status, measured
-    return (decided(d["lo"], d["hi"], limit, at_most),
-            f"{measured}; paired: {d['median']:.3f}× [{d['lo']:.3f}, {d['hi']:.3f}], {d['n']}"
+    new = decided(d["lo"], d["hi"], limit, at_most)
+    note = (f"{measured}; paired: {d['median']:.3f}× [{d['lo']:.3f}, {d['hi']:.3f}], {d['n']}"
             + (f" (session medians {', '.join(f'{v:.3f}' for v in d['sessions'])})" if len(d["sessions"]) > 1 else ""))
+    against = [s for s in d.get("stale", []) if decided(s[1], s[2], limit, at_most) not in (new, "undecided")]
+    if new != "undecided" and against:
+        med, lo, hi = against[0]
+        return "undecided", f"{note}; an earlier session on other kernel sources read {med:.3f}× [{lo:.3f}, {hi:.3f}]"
+    return new, note
 
 
 BIG_SHAPES = ((14336, 4096), (4096, 14336), (28672, 4096), (28672, 8192))
@@ -414,7 +427,8 @@ def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
         + (f". {n_settled} targets within that spread were re-measured in paired rounds "
            "(`python -m int4lab.bench.decide`, `data/receipts/decide_h200_*.json`, one file per device session, the "
            "same kernel sources): each such row gives the ratio's median and the hull of every process's and "
-           "session's 95 % interval, and its status is decided only where that hull lies on one side of the limit" if n_settled else "")
+           "session's 95 % interval, and its status is decided only where that hull lies on one side of the limit and no "
+           "earlier session on other kernel sources lies wholly on the other side" if n_settled else "")
         + "\n\n" + targets_table(checks),
     ]
     if rec["skipped"]:

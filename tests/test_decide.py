@@ -128,3 +128,18 @@ def test_sessions_that_disagree_leave_the_target_undecided(tmp_path):
     assert check.status == "undecided" and "session medians 1.111, 1.156" in check.measured
     agree = report.paired_ratios(rec, [under, _decide_receipt(tmp_path / "s3.json", "k1", 1.10, 1.12)])
     assert {c.target: c.status for c in report.targets(rec, anchors, 0.05, agree)}[big] == "pass"
+
+
+def test_a_stale_session_can_withhold_a_verdict_but_never_grant_one(tmp_path):
+    rec = _synthetic_receipt(tmp_path)
+    rec["provenance"]["kernel_sources_sha256"] = "k1"
+    anchors = report.parse_ggml(GGML_SAMPLE)
+    big = "14336×4096: int4_b32 ≤ 1.15× read floor"
+    now = _decide_receipt(tmp_path / "now.json", "k1", 1.105, 1.118)
+    status = lambda *paths: {c.target: c for c in report.targets(rec, anchors, 0.05,
+                                                                 report.paired_ratios(rec, list(paths)))}[big]
+    against = status(now, _decide_receipt(tmp_path / "old_over.json", "k0", 1.152, 1.160))
+    assert against.status == "undecided" and "earlier session on other kernel sources read 1.156×" in against.measured
+    assert status(now, _decide_receipt(tmp_path / "old_under.json", "k0", 1.10, 1.12)).status == "pass"
+    assert status(now, _decide_receipt(tmp_path / "old_across.json", "k0", 1.14, 1.16)).status == "pass"
+    assert status(_decide_receipt(tmp_path / "only_old.json", "k0", 1.10, 1.12)).status == "undecided"
