@@ -58,14 +58,17 @@ def pairs(m, dev):
     return out
 
 
-def main(out_dir):
-    dev = torch.device("cuda")
-    l2 = timing.l2_bytes()
+def _start(flags: str, method: str):
+    """(device, L2 bytes, the receipt payload with provenance and method) of one probe run."""
     torch.manual_seed(0)
-    res = {"provenance": provenance("python3 scripts/probe_one_token_plans.py $OUT"),
-           "method": f"int4lab.bench.timing medians; the pairs alternate over {ROUNDS} rounds; ratio to the table "
-                     "per round, its median and 95 % order-statistic interval (bench.decide.median_ci)",
+    res = {"provenance": provenance(f"python3 scripts/probe_one_token_plans.py $OUT{flags}"), "method": method,
            "rows": []}
+    return torch.device("cuda"), timing.l2_bytes(), res
+
+
+def main(out_dir):
+    dev, l2, res = _start("", f"int4lab.bench.timing medians; the pairs alternate over {ROUNDS} rounds; ratio to the "
+                              "table per round, its median and 95 % order-statistic interval (bench.decide.median_ci)")
     for name in ("mixtral", "olmoe", "qwen3"):
         m = MODELS[name]
         x, ids, tw, w, act, nbytes = moe_setup(m, 1, dev, l2)
@@ -104,14 +107,12 @@ ROUTED_ROWS = (("qwen3", 1), ("olmoe", 1), ("qwen3", 8), ("qwen3", 16), ("olmoe"
 
 def candidate(out_dir):
     from int4lab.kernels.moe import moe_decode_routed
+    # ran on commit 8b691f7's table; on a later tree (the row landed) this assertion stops it
     assert TABLE[2][:3] == (0, 2, 0.0) and len(CANDIDATE) == len(TABLE) + 1
-    dev = torch.device("cuda")
-    l2 = timing.l2_bytes()
-    torch.manual_seed(0)
-    res = {"provenance": provenance("python3 scripts/probe_one_token_plans.py $OUT --candidate"),
-           "method": f"moe_decode_routed under the committed table and the candidate, alternating over {ROUNDS} "
-                     "rounds; ratio candidate / table per round, its median and 95 % order-statistic interval",
-           "candidate_rows": [str(r) for r in CANDIDATE], "rows": []}
+    dev, l2, res = _start(" --candidate", f"moe_decode_routed under the committed table and the candidate, "
+                          f"alternating over {ROUNDS} rounds; ratio candidate / table per round, its median and 95 % "
+                          "order-statistic interval")
+    res["candidate_rows"] = [str(r) for r in CANDIDATE]
     tables = {"table": TABLE, "candidate": CANDIDATE}
     for name, T in ROUTED_ROWS:
         m = MODELS[name]
