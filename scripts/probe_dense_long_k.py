@@ -26,7 +26,7 @@ packed, scales = dense_weights(N, K, copies, dev)
 x = torch.randn(1, K, device=dev).bfloat16()
 plans = {"table": gemv_plan(N, K, 1, dev)}
 for bn, bk, nw in ((32, 4096, 16), (16, 4096, 16), (16, 4096, 8), (32, 2048, 16), (64, 2048, 16), (64, 1024, 16)):
-    plans[f"bn{bn}_bk{bk}_w{nw}_sk1"] = GemvPlan(block_n=bn, block_k=bk, num_warps=nw, num_stages=2, split_k=1)
+    plans[f"bn{bn}_bk{bk}_w{nw}_sk1"] = GemvPlan(block_n=bn, block_k=bk, num_warps=nw, num_stages=2, waves=0.25, split_k=1)
 ref = int4_linear(x, packed[0], scales[0], plan=plans["table"])
 res = {"provenance": provenance("python3 scripts/probe_dense_long_k.py $OUT"), "N": N, "K": K, "copies": copies,
        "method": f"int4lab.tune.sweep.time_copies (median of 20 replays); plans alternate over {ROUNDS} rounds",
