@@ -40,8 +40,9 @@ def median_ci(xs, level: float = 0.95) -> tuple[float, float, float]:
     n = len(xs)
     if not 0.5 < level < 1:
         raise ValueError(f"level must be in (0.5, 1), got {level!r}")
-    tail = lambda k: sum(math.comb(n, i) for i in range(k)) / 2 ** n      # P(Binomial(n, 1/2) < k)
-    k = max((k for k in range(1, n // 2 + 1) if 2 * tail(k) <= 1 - level), default=0)
+    def below(k):                                               # P(Binomial(n, 1/2) < k)
+        return sum(math.comb(n, i) for i in range(k)) / 2 ** n
+    k = max((k for k in range(1, n // 2 + 1) if 2 * below(k) <= 1 - level), default=0)
     if k == 0:
         raise ValueError(f"{n} values give no {level:.0%} interval for the median (need at least {ROUNDS_MIN})")
     mid = n // 2
