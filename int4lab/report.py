@@ -18,10 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .bench.decide import decided
 from .bench.schema import DEFAULT_OUT, OURS_MOE, validate_receipt
 from .paths import RECEIPTS
 from .receipts import portable_command, read_receipt
@@ -166,8 +168,8 @@ def best_impl_moe(rec, model: str, rows: int) -> str | None:
 
 def best_ours_moe(rec, model: str, rows: int) -> float | None:
     """The faster of our two MoE paths (routed GEMV, grouped tiles) for (model, tokens), if either was timed."""
-    ts = [t for t in (_us(rec, i, model=model, layer="moe", rows=rows) for i in OURS_MOE) if t is not None]
-    return min(ts) if ts else None
+    impl = best_impl_moe(rec, model, rows)
+    return None if impl is None else _us(rec, impl, model=model, layer="moe", rows=rows)
 
 
 def moe_table(rec, anchors=()) -> str:
@@ -222,6 +224,7 @@ class Check:
     target: str
     measured: str
     status: str          # "pass", "miss", "undecided" (margin under the run-to-run spread), "not measured"
+    paired: bool = False  # the status comes from bench.decide's paired re-measurement (paired_ratios)
 
 
 def _status(ok, margin=None, spread=0.0) -> str:
@@ -286,32 +289,31 @@ def paired_ratios(rec, paths=None) -> dict:
                     stale.setdefault(key, []).append((r["median"], r["lo"], r["hi"]))
     out = {}
     for key, runs in found.items():
-        meds = sorted(r["median"] for r, _ in runs)
-        mid = len(meds) // 2
         n_rounds = {f"{m['rounds']} rounds x {m['processes']} processes" for _, m in runs}
-        out[key] = {"median": meds[mid] if len(meds) % 2 else (meds[mid - 1] + meds[mid]) / 2,
+        out[key] = {"median": statistics.median(r["median"] for r, _ in runs),
                     "lo": min(r["lo"] for r, _ in runs), "hi": max(r["hi"] for r, _ in runs),
                     "n": f"{' / '.join(sorted(n_rounds))} x {len(runs)} session{'s' if len(runs) > 1 else ''}",
                     "sessions": [r["median"] for r, _ in runs], "stale": stale.get(key, [])}
     return out
 
 
-def _settle(status: str, measured: str, paired, key, limit: float, at_most: bool = True) -> tuple[str, str]:
-    """An "undecided" status settled by the paired re-measurement of the same ratio, where there is one. A session
-    of other kernel sources whose interval lies wholly on the other side of the limit keeps it undecided: it
-    cannot vouch for this code, but its contradiction says the margin may not survive another machine."""
-    from .bench.decide import decided
+def _settle(target: str, measured: str, status: str, paired, key, limit: float, at_most: bool = True) -> Check:
+    """The target's Check; an "undecided" status settled by the paired re-measurement of the same ratio, where
+    there is one (paired=True). A session of other kernel sources whose interval lies wholly on the other side of
+    the limit keeps it undecided: it cannot vouch for this code, but its contradiction says the margin may not
+    survive another machine."""
     d = (paired or {}).get(key)
     if status != "undecided" or d is None:
-        return status, measured
+        return Check(target, measured, status)
     new = decided(d["lo"], d["hi"], limit, at_most)
     note = (f"{measured}; paired: {d['median']:.3f}× [{d['lo']:.3f}, {d['hi']:.3f}], {d['n']}"
             + (f" (session medians {', '.join(f'{v:.3f}' for v in d['sessions'])})" if len(d["sessions"]) > 1 else ""))
     against = [s for s in d.get("stale", []) if decided(s[1], s[2], limit, at_most) not in (new, "undecided")]
     if new != "undecided" and against:
         med, lo, hi = against[0]
-        return "undecided", f"{note}; an earlier session on other kernel sources read {med:.3f}× [{lo:.3f}, {hi:.3f}]"
-    return new, note
+        new = "undecided"
+        note += f"; an earlier session on other kernel sources read {med:.3f}× [{lo:.3f}, {hi:.3f}]"
+    return Check(target, note, new, paired=True)
 
 
 BIG_SHAPES = ((14336, 4096), (4096, 14336), (28672, 4096), (28672, 8192))
@@ -326,9 +328,8 @@ def targets(rec, anchors=(), spread: float = 0.0, paired=None) -> list[Check]:
     (paired_ratios: the bench.decide re-measurement of the same kernels) puts its ratio's interval on one side."""
     out = []
 
-    def check(target, measured, status, key=None, limit=None, at_most=True):
-        status, measured = _settle(status, measured, paired, key, limit, at_most)
-        out.append(Check(target, measured, status))
+    def check(target, measured, status, key, limit, at_most=True):
+        out.append(_settle(target, measured, status, paired, key, limit, at_most))
     for N, K in BIG_SHAPES:
         here = [r for r in rec["rows"] if r["layer"] != "moe" and (r["N"], r["K"]) == (N, K)]
         ours, fl = _us(rec, "int4_b32", N=N, K=K), _floor(here)
@@ -396,7 +397,7 @@ def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
     settles such a target where it holds the same ratio."""
     p = rec["provenance"]
     checks = targets(rec, anchors, spread, paired)
-    n_settled = sum("; paired: " in c.measured for c in checks)
+    n_settled = sum(c.paired for c in checks)
     n_pass = sum(c.status == "pass" for c in checks)
     n_none = sum(c.status == "not measured" for c in checks)
     n_open = sum(c.status == "undecided" for c in checks)

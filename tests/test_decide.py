@@ -88,9 +88,9 @@ def test_report_settles_an_undecided_target_with_the_paired_interval(tmp_path):
     anchors = report.parse_ggml(GGML_SAMPLE)
     big = "14336×4096: int4_b32 ≤ 1.15× read floor"                  # 10 / 9 = 1.111: undecided at 5 %
     status = lambda paired: {c.target: c for c in report.targets(rec, anchors, 0.05, paired)}[big]
-    assert status({}).status == "undecided"
+    assert status({}).status == "undecided" and not status({}).paired
     inside = report.paired_ratios(rec, [_decide_receipt(tmp_path / "a.json", "k1", 1.105, 1.118)])
-    assert status(inside).status == "pass" and "paired: 1.111× [1.105, 1.118], 15 rounds x 3 processes x 1 session" in \
+    assert status(inside).paired and status(inside).status == "pass" and "paired: 1.111× [1.105, 1.118], 15 rounds x 3 processes x 1 session" in \
         status(inside).measured
     assert status(report.paired_ratios(rec, [_decide_receipt(tmp_path / "b.json", "k1", 1.151, 1.16)])).status == "miss"
     assert status(report.paired_ratios(rec, [_decide_receipt(tmp_path / "c.json", "k1", 1.14, 1.16)])).status \
