@@ -543,7 +543,7 @@ def test_moe_decode_step_dispatch(device, monkeypatch):
     monkeypatch.setattr(moe_mod, "moe_decode_routed", lambda *a, **k: seen.append("routed"))
     monkeypatch.setattr(moe_mod, "moe_decode_grouped", lambda *a, **k: seen.append("grouped"))
     w = moe_weights(4, 64, 64, device)                  # E = 4, top-2: mean rows per expert = T / 2 from T = 2
-    start = plan_mod.MOE_GROUPED_FROM_MEAN_ROWS[plan_mod.generation(device)]
+    start = plan_mod.grouped_from_mean_rows(64 * 64, device)
     tokens = (1, 3, 2 * int(start), 2 * int(start) + 5)
     for T in tokens:
         moe_mod.moe_decode_step(torch.randn(T, 64, device=device), torch.zeros(T, 2, dtype=torch.int32,
@@ -553,9 +553,12 @@ def test_moe_decode_step_dispatch(device, monkeypatch):
     sm90 = dict(generation=lambda _: "sm90")
     with monkeypatch.context() as mp:                   # the H200 rule on the bench's models (notes/perf.md v9)
         mp.setattr(plan_mod, "generation", sm90["generation"])
-        assert [plan_mod.moe_grouped(T, 2, 8, "cpu") for T in (1, 4, 8, 16)] == [False, False, True, True]
-        assert [plan_mod.moe_grouped(T, 8, 64, "cpu") for T in (8, 16, 64)] == [False, True, True]
-        assert [plan_mod.moe_grouped(T, 8, 128, "cpu") for T in (1, 16, 32)] == [False, False, True]
+        # Mixtral's experts (>= 32 M weights per projection) from 2 mean rows; OLMoE's and Qwen3's from 3 (receipt
+        # 3d32813: at 2 their routed path is faster)
+        assert [plan_mod.moe_grouped(T, 2, 8, "cpu", 4096 * 14336) for T in (1, 4, 8, 16)] == [False, False, True, True]
+        assert [plan_mod.moe_grouped(T, 8, 64, "cpu", 2048 * 1024) for T in (8, 16, 32, 64)] == [False, False, True, True]
+        assert [plan_mod.moe_grouped(T, 8, 128, "cpu", 2048 * 768) for T in (1, 16, 32, 64)] == [False, False, False, True]
+        assert plan_mod.grouped_from_mean_rows(0, "cpu") == 3.0 and plan_mod.grouped_from_mean_rows(2**25, "cpu") == 2.0
 
 
 def test_grouped_table_rule(monkeypatch):

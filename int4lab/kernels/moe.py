@@ -117,14 +117,15 @@ def _check_moe(x, topk_ids, topk_w, gu_p, gu_s, dn_p, dn_s):
 
 def moe_decode_step(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales):
     """MoE FFN for T tokens: x [T, H] float -> bf16 [T, H], through the routed or the grouped path (module
-    doc; plan.moe_grouped decides from the mean rows per routed expert and the GPU generation).
+    doc; plan.moe_grouped decides from the mean rows per routed expert, the experts' size and the GPU
+    generation).
 
     topk_ids int [T, A] in [0, E), topk_w float [T, A] (router weights, applied in float32);
     gate_up_packed uint8 [E, 2I, H/2] + float16 scales [E, 2I, H/32] (gate rows first);
     down_packed uint8 [E, H, I/2] + float16 scales [E, H, I/32].
     """
     T, H, I, E = _check_moe(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales)
-    grouped = _plan.moe_grouped(T, topk_ids.shape[1], E, x.device)
+    grouped = _plan.moe_grouped(T, topk_ids.shape[1], E, x.device, H * I)
     path = moe_decode_grouped if grouped else moe_decode_routed
     return path(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales)
 

@@ -110,11 +110,14 @@ GROUPED_TABLE = {
 }
 GROUPED_TABLE["sm80"] = GROUPED_TABLE["sm90"]
 # MoE step: from how many mean rows per routed expert (L / min(E, L)) moe_decode_step takes the grouped path
-# instead of the routed GEMVs (0 = always). H200 sweep v9: at 1 mean row the routed path (2 launches against
-# 5) is faster on OLMoE and Qwen3 (8 tokens: 62.5 / 55.8 us against 64.4 / 63.3); from 2 the grouped path
-# wins on all three models (v11: also with the tile-major table). One token is always 1 mean row (routed).
-# The interpreter row exercises both.
-MOE_GROUPED_FROM_MEAN_ROWS = {"sm90": 2.0, "sm80": 2.0, "interp": 2.0}
+# instead of the routed GEMVs, per generation: rows (smallest weights per expert projection H * I, mean rows), the
+# first row that applies wins. H200 sweep v9: at 1 mean row the routed path (2 launches against 5) is faster on
+# OLMoE and Qwen3 (8 tokens: 62.5 / 55.8 us against 64.4 / 63.3); from 2 the grouped path won on all three models
+# (v11) until v37b's 64-wide routed down tiles made the routed path faster at 2 mean rows on the small models
+# (receipt 3d32813: OLMoE 16 tokens 91.4 against 94.6 us, Qwen3 32 149.1 against 157.0), while Mixtral's grouped
+# path stays ahead there (8 tokens 275.0 against 307.0). One token is always 1 mean row (routed). The interpreter
+# row exercises both.
+MOE_GROUPED_FROM_MEAN_ROWS = {"sm90": ((32 * 2**20, 2.0), (0, 3.0)), "sm80": ((0, 2.0),), "interp": ((0, 2.0),)}
 # Routed MoE step: the down GEMV is a programmatic dependent launch of the gate_up GEMV (its programs start
 # during gate_up's tail, ask L2 for their first weight tiles, then wait; gemv_dp4a_kernel's PDL) for experts
 # of fewer than this many weights per projection (H * I); 0 = never. H200 (notes/perf.md v21b,
@@ -244,11 +247,17 @@ def resolve_grouped(plan: GroupedPlan | None, N: int, K: int, L: int, E: int, de
     return dataclasses.replace(plan, split_k=split_k)
 
 
-def moe_grouped(tokens: int, top_k: int, experts: int, device) -> bool:
+def grouped_from_mean_rows(weights_per_expert: int, device) -> float:
+    """The mean rows per routed expert from which moe_decode_step takes the grouped path, for experts of
+    `weights_per_expert` (H * I) weights per projection: MOE_GROUPED_FROM_MEAN_ROWS' first row that applies."""
+    return next(t for w, t in MOE_GROUPED_FROM_MEAN_ROWS[generation(device)] if weights_per_expert >= w)
+
+
+def moe_grouped(tokens: int, top_k: int, experts: int, device, weights_per_expert: int = 0) -> bool:
     """Whether moe_decode_step takes the grouped path: mean rows per routed expert, tokens * top_k /
-    min(experts, tokens * top_k), at least MOE_GROUPED_FROM_MEAN_ROWS of the generation."""
+    min(experts, tokens * top_k), at least grouped_from_mean_rows(weights_per_expert) of the generation."""
     L = tokens * top_k
-    return L > 0 and L / min(experts, L) >= MOE_GROUPED_FROM_MEAN_ROWS[generation(device)]
+    return L > 0 and L / min(experts, L) >= grouped_from_mean_rows(weights_per_expert, device)
 
 
 def moe_pdl(device, weights_per_expert: int) -> bool:
