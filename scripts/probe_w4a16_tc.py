@@ -82,11 +82,12 @@ def _xpiece(ptrs, mask, K, SWIGLU: tl.constexpr, RNE: tl.constexpr):
 
 @triton.jit
 def grouped_w4a16_kernel(x_ptr, w_ptr, ws_ptr, order_ptr, row0_ptr, rows_ptr, group_ptr, out_ptr, part_ptr, cnt_ptr,
-                         tw_ptr, L, N, E, stride_x, stride_we, KH, stride_se, KB,
+                         tw_ptr, L, N, E, stride_x, stride_we, KH, stride_se, KB, stride_wu, KU,
                          ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
                          TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          HAS_W: tl.constexpr, TILE_MAJOR: tl.constexpr, PACKED: tl.constexpr,
-                         SWIGLU: tl.constexpr, DOT_F32: tl.constexpr):
+                         SWIGLU: tl.constexpr, DOT_F32: tl.constexpr,
+                         MMA_SYNC: tl.constexpr = False):
     """grouped_mma_kernel's grid and epilogue; x bf16 [*, K] (SWIGLU: [*, 2K] gate | up, silu(g) * u rounded
     to bf16 in the prologue), weights decoded to bf16, one bf16 dot per step of BLOCK_K (two: even / odd k)."""
     pid_n, tile, split = grid_ids(TILE_MAJOR)
@@ -110,8 +111,9 @@ def grouped_w4a16_kernel(x_ptr, w_ptr, ws_ptr, order_ptr, row0_ptr, rows_ptr, gr
         w_rows = w_ptr + e * stride_we + offs_n[:, None, None].to(tl.int64) * KH + offs_h[None, None, :]
         offs_c = tl.arange(0, BLOCK_K // 4)
         offs_u = tl.arange(0, 8)
-        wu_rows = (w_ptr.to(tl.pointer_type(tl.uint16)) + e * (stride_we // 2)
-                   + offs_n[:, None, None].to(tl.int64) * (KH // 2) + offs_u[None, None, :])            # [BN, 1, 8]
+        # uint16 offsets from arguments (KU = K / 4 per row), so the compiler knows their alignment: 16-byte loads
+        wu_rows = (w_ptr.to(tl.pointer_type(tl.uint16)) + e * stride_wu
+                   + offs_n[:, None, None].to(tl.int64) * KU + offs_u[None, None, :])                  # [BN, 1, 8]
         s_rows = ws_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * KB
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for i in range(0, TILES_PER_SPLIT):
@@ -128,10 +130,22 @@ def grouped_w4a16_kernel(x_ptr, w_ptr, ws_ptr, order_ptr, row0_ptr, rows_ptr, gr
                 xm = m_mask[:, None] & (t * BLOCK_K + 4 * offs_c < KB * 32)[None, :]
                 K = KB * 32
                 # four dots of K = BLOCK_K / 4, one per nibble position j: k = 4 c + j on both sides
-                acc = tl.dot(q0, tl.trans(_xpiece(xk, xm, K, SWIGLU, DOT_F32)), acc)
-                acc = tl.dot(q1, tl.trans(_xpiece(xk + 1, xm, K, SWIGLU, DOT_F32)), acc)
-                acc = tl.dot(q2, tl.trans(_xpiece(xk + 2, xm, K, SWIGLU, DOT_F32)), acc)
-                acc = tl.dot(q3, tl.trans(_xpiece(xk + 3, xm, K, SWIGLU, DOT_F32)), acc)
+                if MMA_SYNC:    # a batch of one: Triton lowers a 3-D dot to mma.sync, not wgmma
+                    a3 = tl.reshape(acc, [1, BLOCK_N, BLOCK_M])
+                    a3 = tl.dot(tl.reshape(q0, [1, BLOCK_N, BLOCK_K // 4]),
+                                tl.reshape(tl.trans(_xpiece(xk, xm, K, SWIGLU, DOT_F32)), [1, BLOCK_K // 4, BLOCK_M]), a3)
+                    a3 = tl.dot(tl.reshape(q1, [1, BLOCK_N, BLOCK_K // 4]),
+                                tl.reshape(tl.trans(_xpiece(xk + 1, xm, K, SWIGLU, DOT_F32)), [1, BLOCK_K // 4, BLOCK_M]), a3)
+                    a3 = tl.dot(tl.reshape(q2, [1, BLOCK_N, BLOCK_K // 4]),
+                                tl.reshape(tl.trans(_xpiece(xk + 2, xm, K, SWIGLU, DOT_F32)), [1, BLOCK_K // 4, BLOCK_M]), a3)
+                    a3 = tl.dot(tl.reshape(q3, [1, BLOCK_N, BLOCK_K // 4]),
+                                tl.reshape(tl.trans(_xpiece(xk + 3, xm, K, SWIGLU, DOT_F32)), [1, BLOCK_K // 4, BLOCK_M]), a3)
+                    acc = tl.reshape(a3, [BLOCK_N, BLOCK_M])
+                else:
+                    acc = tl.dot(q0, tl.trans(_xpiece(xk, xm, K, SWIGLU, DOT_F32)), acc)
+                    acc = tl.dot(q1, tl.trans(_xpiece(xk + 1, xm, K, SWIGLU, DOT_F32)), acc)
+                    acc = tl.dot(q2, tl.trans(_xpiece(xk + 2, xm, K, SWIGLU, DOT_F32)), acc)
+                    acc = tl.dot(q3, tl.trans(_xpiece(xk + 3, xm, K, SWIGLU, DOT_F32)), acc)
             else:
                 wb = tl.load(w_rows + kb[None, :, None] * 16, mask=n_mask[:, None, None] & live[None, :, None], other=0)
                 k_even = t * BLOCK_K + 2 * offs_k2
@@ -157,7 +171,7 @@ def grouped_w4a16_kernel(x_ptr, w_ptr, ws_ptr, order_ptr, row0_ptr, rows_ptr, gr
 
 
 def grouped_w4a16(x, packed, scales, tiles, *, rows_per_x=1, topk_w=None, swiglu=False, block_n=64, block_k=128,
-                  split_k=1, num_warps=4, num_stages=3, packed_deq=False):
+                  split_k=1, num_warps=4, num_stages=3, packed_deq=False, mma_sync=False):
     """bf16 [L, N] (or [L / A, N] combined with topk_w) = rows of x (bf16) times their experts, W4A16."""
     E, N, K = packed.shape[0], packed.shape[1], packed.shape[2] * 2
     L = tiles.order.shape[0]
@@ -174,9 +188,10 @@ def grouped_w4a16(x, packed, scales, tiles, *, rows_per_x=1, topk_w=None, swiglu
     grouped_w4a16_kernel[grid](
         x, packed, scales, tiles.order, tiles.row0, tiles.rows, tiles.group, out, part, cnt,
         topk_w if topk_w is not None else out, L, N, E, x.stride(0), N * K // 2, K // 2, N * K // 32, K // 32,
+        N * K // 4, K // 4,
         ROWS_PER_X=rows_per_x, TILES_PER_SPLIT=triton.cdiv(triton.cdiv(K, block_k), split_k), SPLIT_K=split_k,
         TOPK=A, BLOCK_M=max(16, tiles.block_m), BLOCK_N=block_n, BLOCK_K=block_k, HAS_W=topk_w is not None,
-        TILE_MAJOR=True, PACKED=packed_deq, SWIGLU=swiglu, DOT_F32=interpreting(), num_warps=num_warps, num_stages=num_stages)
+        TILE_MAJOR=True, PACKED=packed_deq, SWIGLU=swiglu, DOT_F32=interpreting(), MMA_SYNC=mma_sync, num_warps=num_warps, num_stages=num_stages)
     return out
 
 
@@ -192,13 +207,13 @@ def swiglu_rows_kernel(h_ptr, a_ptr, I, BLOCK: tl.constexpr, RNE: tl.constexpr):
 
 
 def moe_w4a16(x, ids, tw, gu_p, gu_s, dn_p, dn_s, *, block_m=16, deq=0, block_n=64, block_k=128, num_stages=3,
-              fused_swiglu=True):
+              fused_swiglu=True, mma_sync=False):
     """The grouped MoE step in W4A16 after the routing: gate_up; then down with SwiGLU in its prologue
     (fused_swiglu) or a SwiGLU launch first; the top-k combine in down's epilogue. deq: 0 exact, 1 packed
     (bytes), 2 packed (uint16 pairs, inline PTX)."""
     A = ids.shape[1]
     tiles = build_group_tiles(ids, gu_p.shape[0], block_m)
-    kw = dict(packed_deq=deq, block_n=block_n, block_k=block_k, num_stages=num_stages)
+    kw = dict(packed_deq=deq, block_n=block_n, block_k=block_k, num_stages=num_stages, mma_sync=mma_sync)
     h = grouped_w4a16(x, gu_p, gu_s, tiles, rows_per_x=A, **kw)
     if fused_swiglu:
         return grouped_w4a16(h, dn_p, dn_s, tiles, topk_w=tw, swiglu=True, **kw)
