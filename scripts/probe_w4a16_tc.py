@@ -6,9 +6,11 @@ gives them 96 of bm16's 216 instructions per step), a cost that grows with the r
 does not grow with the rows. It changes the numerics (activations stay bf16, each weight is rounded to bf16
 after its scale), so it is a measurement for the maintainers' decision, not a kernel of the library.
 
-Variants of the weight decode (both cost one rounding or two; neither is bit-identical to any library path):
-  exact   (nibble - 8) * scale in float32 (exact), then one rounding to bf16
-  packed  bf16 arithmetic: 128 + nibble through the bf16 exponent trick, - 136, * bf16(scale) (two roundings)
+Variants of the weight decode (deq; none is bit-identical to any library path):
+  0 exact   (nibble - 8) * scale in float32 (exact), then one rounding to bf16; Triton ops
+  1 packed  bf16 arithmetic on bytes: 128 + nibble through the bf16 exponent, - 136, * bf16(scale) (two roundings)
+  2 u16     the same numerics as 1, two uint16 per 32-bit register in inline PTX, four dots of K / 4 (the timed one)
+Outcome (notes/perf.md v39): every variant 1.4-3.2x slower than the W4A8 tile; dropped.
 
     PYTHONPATH=$PWD python3 scripts/probe_w4a16_tc.py $OUT          # -> $OUT/probe_w4a16_tc_h200.json
     PYTHONPATH=$PWD python3 scripts/probe_w4a16_tc.py --check        # CPU interpreter: the kernel against torch
