@@ -14,6 +14,7 @@ Outcome (notes/perf.md v39): every variant 1.4-3.2x slower than the W4A8 tile; d
 
     PYTHONPATH=$PWD python3 scripts/probe_w4a16_tc.py $OUT          # -> $OUT/probe_w4a16_tc_h200.json
     PYTHONPATH=$PWD python3 scripts/probe_w4a16_tc.py --check        # CPU interpreter: the kernel against torch
+    TRITON_INTERPRET=0 PYTHONPATH=$PWD python3 scripts/probe_w4a16_tc.py --sass   # compiler report (sm_90, no GPU)
 """
 import json
 import os
@@ -330,8 +331,60 @@ def main(out_dir):
         torch.cuda.empty_cache()
 
 
+def sass_report():
+    """The compiler report of notes/perf.md v39: instructions in the K loop (the backward branch's body) and
+    registers per variant, compiled for sm_90 without a GPU (bn64 bk128 unless named)."""
+    import re
+    import subprocess
+    import tempfile
+    from collections import Counter
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from int4lab.tune import resources
+    sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*fp16", "order_ptr": "*i32", "row0_ptr": "*i32",
+           "rows_ptr": "*i32", "group_ptr": "*i32", "out_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32",
+           "tw_ptr": "*fp32", "L": "i32", "N": "i32", "E": "i32", "stride_x": "i32", "stride_we": "i32", "KH": "i32",
+           "stride_se": "i32", "KB": "i32", "stride_wu": "i32", "KU": "i32"}
+    aligned = [k for k, t in sig.items() if t.startswith("*")] + ["stride_x", "N", "stride_we", "KH", "stride_se",
+                                                                   "KB", "stride_wu", "KU"]
+    variants = {"exact bm16": (16, 64, 0, False, False), "packed bytes bm16": (16, 64, 1, False, False),
+                "u16 bm16": (16, 64, 2, False, False), "u16 bm16 bn128": (16, 128, 2, False, False),
+                "u16 bm32": (32, 64, 2, False, False), "u16 bm16, SwiGLU prologue": (16, 64, 2, True, False),
+                "u16 bm16, mma.sync": (16, 64, 2, False, True), "u16 bm32 bn128, mma.sync": (32, 128, 2, False, True)}
+    for label, (bm, bn, deq, swiglu, mma_sync) in variants.items():
+        cst = {"ROWS_PER_X": 1, "TILES_PER_SPLIT": 2, "SPLIT_K": 1, "TOPK": 1, "BLOCK_M": bm, "BLOCK_N": bn,
+               "BLOCK_K": 128, "HAS_W": False, "TILE_MAJOR": True, "PACKED": deq, "SWIGLU": swiglu, "DOT_F32": False,
+               "MMA_SYNC": mma_sync}
+        full = {**sig, **{k: "constexpr" for k in cst}}
+        names = list(full)
+        try:
+            k = triton.compile(ASTSource(fn=grouped_w4a16_kernel, signature=full, constexprs=cst,
+                                         attrs={(names.index(a),): [["tt.divisibility", 16]] for a in aligned}),
+                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+        except Exception as exc:              # the first packed layouts crashed Triton's dot-operand pass
+            print(f"{label:28s} failed to compile: {type(exc).__name__}")
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            Path(d, "k.cubin").write_bytes(k.asm["cubin"])
+            sass = subprocess.run([str(resources._tool("cuobjdump")), "--dump-sass", str(Path(d, "k.cubin"))],
+                                  capture_output=True, text=True).stdout
+        ins = [(int(m.group(1), 16), m.group(2)) for m in
+               re.finditer(r"/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P\w+\s+)?[A-Z0-9.]+[^;]*);", sass)]
+        loops = []
+        for addr, op in ins:
+            t = re.search(r"BRA.*?0x([0-9a-f]+)", op)
+            if t and int(t.group(1), 16) < addr:
+                body = [re.sub(r"^@!?U?P\w+\s+", "", o).split()[0].split(".")[0] for a, o in ins
+                        if int(t.group(1), 16) <= a <= addr]
+                loops.append((len(body), dict(Counter(body).most_common(6))))
+        rep = resources.report(k)
+        print(f"{label:28s} regs {rep['registers']:3d} spills {rep['spill_store_bytes']:4d}  K loop: {loops}")
+
+
 if __name__ == "__main__":
     if "--check" in sys.argv:
         check()
+    elif "--sass" in sys.argv:
+        sass_report()
     else:
         main(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT", "/tmp/out"))
