@@ -207,6 +207,7 @@ grouped_w4a8_tile(const int8_t* __restrict__ xq, const float* __restrict__ xs, c
 
 #ifdef V41_TORCH
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
 #include <torch/extension.h>
 
 // grid (T, N / (16 MI WARPS)); checks of shapes and alignment are the Python wrapper's.
