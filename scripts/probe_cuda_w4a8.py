@@ -13,6 +13,7 @@ quad order by torch and the top-k combine by torch (two to three launches more t
 this kernel would need). The read floor of the row's unique experts is measured in the same run.
 
     PYTHONPATH=$PWD python3 scripts/probe_cuda_w4a8.py $OUT        # on the GPU -> $OUT/probe_cuda_w4a8_h200.json
+    PYTHONPATH=$PWD python3 scripts/probe_cuda_w4a8.py --check     # CPU: the lane mapping, emulated
     PYTHONPATH=$PWD python3 scripts/probe_cuda_w4a8.py --sass      # compiler report: nvcc here, no GPU
 """
 import hashlib
@@ -43,7 +44,7 @@ def quad_order_w(packed: torch.Tensor) -> torch.Tensor:
 
 
 def quad_order_w_inverse(q: torch.Tensor) -> torch.Tensor:
-    """The inverse of quad_order_w (the transform is lossless: checked in --sass mode on the CPU)."""
+    """The inverse of quad_order_w (the transform is lossless: checked by --check on the CPU)."""
     E, N, KH = q.shape
     return q.view(E, N, KH // 64, 4, 4, 4).transpose(3, 4).contiguous().view(E, N, KH)
 
@@ -202,11 +203,37 @@ def main(out_dir):
         torch.cuda.empty_cache()
 
 
+def check_mapping():
+    """CPU: emulate the .cu's lane mapping for one chunk (16 weight rows, 8 x rows, 4 blocks): the words each lane
+    loads in quad order, the decode to 16 (n - 8), and m16n8k32's fragments (lane g, t: A rows g and g + 8 at logical
+    k 4t..4t+3 and 4t+16..4t+19, B column g at the same k). Every block's dot must be 16 times the true one."""
+    torch.manual_seed(0)
+    N, K, R = 16, 128, 8
+    packed = torch.randint(0, 256, (1, N, K // 2), dtype=torch.uint8)
+    xq = torch.randint(-127, 128, (R, K), dtype=torch.int8)
+    codes = torch.stack([(packed[0] & 15).long() - 8, (packed[0] >> 4).long() - 8], -1).reshape(N, K)
+    true = torch.einsum("nbk,rbk->nrb", codes.view(N, 4, 32), xq.long().view(R, 4, 32))
+    w = quad_order_w(packed)[0].view(torch.int32).view(N, 4, 4).long() & 0xFFFFFFFF     # [row, t, block] words
+    xw = quad_order_x(xq, torch.ones(R, 4))[0].view(torch.int32).view(R, 4, 4, 2).long() & 0xFFFFFFFF  # [r, t, b, par]
+
+    def bytes_s8(v):                                  # int64 words -> [..., 4] signed bytes
+        b = (v[..., None] >> (8 * torch.arange(4))) & 255
+        return b - 256 * (b > 127)
+
+    def top(v):                                       # the .cu's top_nibbles_signed
+        return (v & 0xF0F0F0F0) ^ 0x80808080
+    lo, hi = bytes_s8(top((w << 4) & 0xFFFFFFFF)), bytes_s8(top(w))            # [row, t, block, 4]: a0|a1, a2|a3
+    b0, b1 = bytes_s8(xw[..., 0]), bytes_s8(xw[..., 1])                         # [r, t, block, 4]
+    dot = torch.einsum("ntbi,rtbi->nrb", lo, b0) + torch.einsum("ntbi,rtbi->nrb", hi, b1)
+    assert torch.equal(dot, 16 * true), "lane mapping"
+    p = torch.randint(0, 256, (2, 3, 256), dtype=torch.uint8)
+    assert torch.equal(quad_order_w_inverse(quad_order_w(p)), p), "quad order round trip"
+    print("lane mapping and quad order: ok")
+
+
 def sass_report():
     """Instructions in each configuration's K loop (two chunks of 128 per iteration) and its registers, from nvcc
-    for sm_90 on this machine; and quad order's round trip on the CPU."""
-    p = torch.randint(0, 256, (2, 3, 256), dtype=torch.uint8)
-    assert torch.equal(quad_order_w_inverse(quad_order_w(p)), p)
+    for sm_90 on this machine."""
     from int4lab.tune import resources
     with tempfile.TemporaryDirectory() as d:
         cubin = Path(d, "v41.cubin")
@@ -232,7 +259,9 @@ def sass_report():
 
 
 if __name__ == "__main__":
-    if "--sass" in sys.argv:
+    if "--check" in sys.argv:
+        check_mapping()
+    elif "--sass" in sys.argv:
         sass_report()
     else:
         main(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT", "/tmp/out"))
