@@ -51,6 +51,23 @@ __device__ __forceinline__ uint2 ld_stream2(const void* p) {
   return r;
 }
 
+// cp.async: each lane copies only the bytes it will read itself, so a ring in shared memory needs no barrier,
+// only the lane's own wait_group.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(smem))),
+               "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(smem))),
+               "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
 // (a & 0xF0F0F0F0) ^ 0x80808080 in one LOP3 (the compiler emits two: an instruction takes one immediate).
 __device__ __forceinline__ uint32_t top_nibbles_signed(uint32_t a) {
   uint32_t r;
@@ -117,7 +134,11 @@ __device__ __forceinline__ void chunk(float (&acc)[MI][NI][4][4], const uint4 (&
   }
 }
 
-template <int MI, int NI, int WARPS>
+// Dynamic shared memory of one program: STAGES chunks of each warp's weight words (16 bytes) and scales (8 bytes)
+// per lane, weight row half and fragment.
+constexpr int ring_bytes(int mi, int warps, int stages) { return warps * stages * mi * 2 * 32 * (16 + 8); }
+
+template <int MI, int NI, int WARPS, int STAGES>
 __global__ void __launch_bounds__(32 * WARPS)
 grouped_w4a8_tile(const int8_t* __restrict__ xq, const float* __restrict__ xs, const uint8_t* __restrict__ w,
                   const __half* __restrict__ ws, const int* __restrict__ order, const int* __restrict__ row0,
@@ -172,20 +193,60 @@ grouped_w4a8_tile(const int8_t* __restrict__ xq, const float* __restrict__ xs, c
 #pragma unroll
         for (int b = 0; b < 4; ++b) acc[i][j][q][b] = 0.f;
 
-  // One chunk ahead in registers: the weights and their scales of chunk c + 1 are asked before chunk c's MMAs.
-  // Two register sets, unrolled by two so that neither is copied into the other.
-  uint4 A0[MI][2], A1[MI][2];
-  uint2 S0[MI][2], S1[MI][2];
-  load_w<MI>(A0, S0, wp, sp, 0, w8, s8);
-  int c = 0;
+  if constexpr (STAGES == 0) {
+    // One chunk ahead in registers: the weights and their scales of chunk c + 1 are asked before chunk c's MMAs.
+    // Two register sets, unrolled by two so that neither is copied into the other.
+    uint4 A0[MI][2], A1[MI][2];
+    uint2 S0[MI][2], S1[MI][2];
+    load_w<MI>(A0, S0, wp, sp, 0, w8, s8);
+    int c = 0;
+  #pragma unroll 1
+    for (; c + 1 < KC; c += 2) {
+      load_w<MI>(A1, S1, wp, sp, c + 1, w8, s8);
+      chunk<MI, NI>(acc, A0, S0, xb, xsc, c);
+      load_w<MI>(A0, S0, wp, sp, c + 2 < KC ? c + 2 : c + 1, w8, s8);   // past the end: ask again, an L2 hit
+      chunk<MI, NI>(acc, A1, S1, xb, xsc, c + 1);
+    }
+    if (c < KC) chunk<MI, NI>(acc, A0, S0, xb, xsc, c);
+  } else {
+    // STAGES - 1 chunks ahead through a ring in shared memory (cp.async): more bytes in flight per warp than the
+    // registers can hold.
+    extern __shared__ uint4 smem[];
+    uint4* ring_a = smem + warp * STAGES * MI * 2 * 32;
+    uint2* ring_s = reinterpret_cast<uint2*>(smem + WARPS * STAGES * MI * 2 * 32) + warp * STAGES * MI * 2 * 32;
+    auto issue = [&](int c, int slot) {
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          cp_async16(ring_a + ((slot * MI + i) * 2 + hh) * 32 + lane, wp[i] + hh * w8 + 64 * c);
+          cp_async8(ring_s + ((slot * MI + i) * 2 + hh) * 32 + lane, sp[i] + hh * s8 + 4 * c);
+        }
+    };
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+      if (st < KC) issue(st, st);
+      cp_commit();
+    }
+    int slot = 0;
 #pragma unroll 1
-  for (; c + 1 < KC; c += 2) {
-    load_w<MI>(A1, S1, wp, sp, c + 1, w8, s8);
-    chunk<MI, NI>(acc, A0, S0, xb, xsc, c);
-    load_w<MI>(A0, S0, wp, sp, c + 2 < KC ? c + 2 : c + 1, w8, s8);   // past the end: ask again, an L2 hit
-    chunk<MI, NI>(acc, A1, S1, xb, xsc, c + 1);
+    for (int c = 0; c < KC; ++c) {
+      cp_wait<STAGES - 2>();                               // this lane's copies of chunk c have landed
+      if (c + STAGES - 1 < KC) issue(c + STAGES - 1, slot == 0 ? STAGES - 1 : slot - 1);   // the slot read last
+      cp_commit();
+      uint4 A[MI][2];
+      uint2 S[MI][2];
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          A[i][hh] = ring_a[((slot * MI + i) * 2 + hh) * 32 + lane];
+          S[i][hh] = ring_s[((slot * MI + i) * 2 + hh) * 32 + lane];
+        }
+      chunk<MI, NI>(acc, A, S, xb, xsc, c);
+      slot = slot + 1 == STAGES ? 0 : slot + 1;
+    }
   }
-  if (c < KC) chunk<MI, NI>(acc, A0, S0, xb, xsc, c);
 #pragma unroll
   for (int i = 0; i < MI; ++i)
 #pragma unroll
@@ -202,8 +263,10 @@ grouped_w4a8_tile(const int8_t* __restrict__ xq, const float* __restrict__ xs, c
 
 }  // namespace v41
 
-// The instantiations the probe times: (MI, NI, WARPS).
-#define V41_CONFIGS(X) X(1, 1, 4) X(2, 1, 4) X(1, 2, 4) X(2, 2, 4) X(1, 2, 2) X(2, 2, 2) X(1, 4, 4) X(2, 1, 2)
+// The instantiations the probe times: (MI, NI, WARPS, STAGES); STAGES 0: one chunk ahead in registers.
+#define V41_CONFIGS(X)                                                                                           \
+  X(1, 1, 4, 0) X(2, 1, 4, 0) X(2, 2, 4, 0) X(2, 1, 2, 0) X(2, 1, 4, 4) X(2, 1, 4, 6) X(2, 1, 2, 8) X(1, 1, 4, 6)  \
+  X(1, 1, 8, 4) X(2, 2, 4, 4) X(2, 2, 4, 6) X(1, 2, 4, 6)
 
 #ifdef V41_TORCH
 #include <ATen/cuda/CUDAContext.h>
@@ -213,14 +276,18 @@ grouped_w4a8_tile(const int8_t* __restrict__ xq, const float* __restrict__ xs, c
 // grid (T, N / (16 MI WARPS)); checks of shapes and alignment are the Python wrapper's.
 void grouped_w4a8(torch::Tensor xq, torch::Tensor xs, torch::Tensor w, torch::Tensor ws, torch::Tensor order,
                   torch::Tensor row0, torch::Tensor rows, torch::Tensor group, torch::Tensor out, int64_t rows_per_x,
-                  int64_t mi, int64_t ni, int64_t warps) {
+                  int64_t mi, int64_t ni, int64_t warps, int64_t stages) {
   const int E = w.size(0), N = w.size(1), K = w.size(2) * 2, T = row0.size(0);
   auto stream = at::cuda::getCurrentCUDAStream();
   bool launched = false;
-#define V41_LAUNCH(MI_, NI_, W_)                                                                                  \
-  if (!launched && mi == MI_ && ni == NI_ && warps == W_) {                                                       \
+#define V41_LAUNCH(MI_, NI_, W_, S_)                                                                              \
+  if (!launched && mi == MI_ && ni == NI_ && warps == W_ && stages == S_) {                                       \
     dim3 grid(T, N / (16 * MI_ * W_));                                                                            \
-    v41::grouped_w4a8_tile<MI_, NI_, W_><<<grid, 32 * W_, 0, stream>>>(                                           \
+    const int smem = S_ ? v41::ring_bytes(MI_, W_, S_) : 0;                                                      \
+    if (smem > 48 * 1024)                                                                                          \
+      C10_CUDA_CHECK(cudaFuncSetAttribute(v41::grouped_w4a8_tile<MI_, NI_, W_, S_>,                               \
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem));                    \
+    v41::grouped_w4a8_tile<MI_, NI_, W_, S_><<<grid, 32 * W_, smem, stream>>>(                                    \
         xq.data_ptr<int8_t>(), xs.data_ptr<float>(), w.data_ptr<uint8_t>(),                                       \
         reinterpret_cast<const __half*>(ws.data_ptr<at::Half>()), order.data_ptr<int>(), row0.data_ptr<int>(),    \
         rows.data_ptr<int>(), group.data_ptr<int>(), reinterpret_cast<__nv_bfloat16*>(out.data_ptr<at::BFloat16>()), \
@@ -229,13 +296,13 @@ void grouped_w4a8(torch::Tensor xq, torch::Tensor xs, torch::Tensor w, torch::Te
   }
   V41_CONFIGS(V41_LAUNCH)
 #undef V41_LAUNCH
-  TORCH_CHECK(launched, "no instantiation for (mi, ni, warps) = (", mi, ", ", ni, ", ", warps, ")");
+  TORCH_CHECK(launched, "no instantiation for (mi, ni, warps, stages) = (", mi, ", ", ni, ", ", warps, ", ", stages, ")");
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 #else
 // For the compiler report (nvcc -cubin, no torch): every configuration instantiated.
-#define V41_INST(MI_, NI_, W_)                                                                                  \
-  template __global__ void v41::grouped_w4a8_tile<MI_, NI_, W_>(const int8_t*, const float*, const uint8_t*,     \
+#define V41_INST(MI_, NI_, W_, S_)                                                                              \
+  template __global__ void v41::grouped_w4a8_tile<MI_, NI_, W_, S_>(const int8_t*, const float*, const uint8_t*,     \
       const __half*, const int*, const int*, const int*, const int*, __nv_bfloat16*, int, int, int, int, int, int);
 V41_CONFIGS(V41_INST)
 #endif

@@ -29,9 +29,12 @@ from pathlib import Path
 import torch
 
 SRC = Path(__file__).with_suffix(".cu")
-# (MI, NI, WARPS): weight fragments of 16 rows per warp, row fragments of 8 per tile, warps per program. The
-# .cu's V41_CONFIGS instantiates exactly these.
-CONFIGS = [(1, 1, 4), (2, 1, 4), (1, 2, 4), (2, 2, 4), (1, 2, 2), (2, 2, 2), (1, 4, 4), (2, 1, 2)]
+# (MI, NI, WARPS, STAGES): weight fragments of 16 rows per warp, row fragments of 8 per tile, warps per program,
+# chunks in the cp.async ring (0: one chunk ahead in registers). The .cu's V41_CONFIGS instantiates exactly these.
+# The first call (receipt probe_cuda_w4a8_h200.json) timed STAGES 0 only, with (1, 2, 4), (1, 2, 2), (2, 2, 2) and
+# (1, 4, 4) beside the first four here: every NI 2 or 4 tile lost to NI 1, so the second call drops them.
+CONFIGS = [(1, 1, 4, 0), (2, 1, 4, 0), (2, 2, 4, 0), (2, 1, 2, 0), (2, 1, 4, 4), (2, 1, 4, 6), (2, 1, 2, 8),
+           (1, 1, 4, 6), (1, 1, 8, 4), (2, 2, 4, 4), (2, 2, 4, 6), (1, 2, 4, 6)]
 
 
 def quad_order_w(packed: torch.Tensor) -> torch.Tensor:
@@ -67,7 +70,7 @@ def build():
         from torch.utils.cpp_extension import load_inline
         decl = ("void grouped_w4a8(torch::Tensor xq, torch::Tensor xs, torch::Tensor w, torch::Tensor ws, "
                 "torch::Tensor order, torch::Tensor row0, torch::Tensor rows, torch::Tensor group, torch::Tensor out, "
-                "int64_t rows_per_x, int64_t mi, int64_t ni, int64_t warps);")
+                "int64_t rows_per_x, int64_t mi, int64_t ni, int64_t warps, int64_t stages);")
         _EXT = load_inline(name="v41_grouped_w4a8", cpp_sources=decl, cuda_sources="#define V41_TORCH\n" + SRC.read_text(),
                            functions=["grouped_w4a8"], extra_cuda_cflags=["-O3", "-gencode=arch=compute_90,code=sm_90"],
                            verbose=False)
@@ -77,7 +80,7 @@ def build():
 def grouped_cuda(xq4, xs16, wq, ws, tiles, cfg, rows_per_x=1, out=None):
     """bf16 [L, N]: gemm_int4_b32_grouped's rows (no split-K, no combine) by the CUDA tile. xq4, xs16 from
     quad_order_x; wq from quad_order_w; tiles.block_m must be 8 * NI."""
-    mi, ni, warps = cfg
+    mi, ni, warps, stages = cfg
     E, N, KH = wq.shape
     if tiles.block_m != 8 * ni:
         raise ValueError(f"tiles.block_m must be 8 * NI = {8 * ni}, got {tiles.block_m}")
@@ -88,7 +91,7 @@ def grouped_cuda(xq4, xs16, wq, ws, tiles, cfg, rows_per_x=1, out=None):
     L = tiles.order.shape[0]
     out = torch.empty(L, N, dtype=torch.bfloat16, device=wq.device) if out is None else out
     build().grouped_w4a8(xq4, xs16, wq, ws, tiles.order, tiles.row0, tiles.rows, tiles.group, out, rows_per_x,
-                         mi, ni, warps)
+                         mi, ni, warps, stages)
     return out
 
 
@@ -232,8 +235,8 @@ def check_mapping():
 
 
 def sass_report():
-    """Instructions in each configuration's K loop (two chunks of 128 per iteration) and its registers, from nvcc
-    for sm_90 on this machine."""
+    """Instructions in each configuration's K loop (STAGES 0: two chunks of 128 per iteration, else one) and its
+    registers, from nvcc for sm_90 on this machine."""
     from int4lab.tune import resources
     with tempfile.TemporaryDirectory() as d:
         cubin = Path(d, "v41.cubin")
@@ -241,10 +244,10 @@ def sass_report():
                                "-o", str(cubin), str(SRC)], capture_output=True, text=True, check=True).stderr
         sass = subprocess.run([str(resources._tool("cuobjdump")), "--dump-sass", str(cubin)], capture_output=True,
                               text=True).stdout
-    regs = {m.group(1, 2, 3): m.group(4) for m in
-            re.finditer(r"Compiling entry function '[^']*tileILi(\d)ELi(\d)ELi(\d)E[^']*'[\s\S]*?Used (\d+) registers", info)}
+    regs = {m.group(1, 2, 3, 4): m.group(5) for m in
+            re.finditer(r"Compiling entry function '[^']*tileILi(\d)ELi(\d)ELi(\d)ELi(\d)E[^']*'[\s\S]*?Used (\d+) registers", info)}
     for fn in re.split(r"\n\s*Function : ", sass)[1:]:
-        cfg = re.search(r"tileILi(\d)ELi(\d)ELi(\d)E", fn.split("\n")[0]).groups()
+        cfg = re.search(r"tileILi(\d)ELi(\d)ELi(\d)ELi(\d)E", fn.split("\n")[0]).groups()
         ins = [(int(a.group(1), 16), a.group(2)) for a in
                re.finditer(r"/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P\w+\s+)?[A-Z0-9.]+[^;]*);", fn)]
         for addr, op in ins:
@@ -253,8 +256,9 @@ def sass_report():
                 body = [re.sub(r"^@!?U?P\w+\s+", "", o).split()[0].split(".")[0] for a, o in ins
                         if int(t.group(1), 16) <= a <= addr]
                 mi, ni = int(cfg[0]), int(cfg[1])
-                print(f"MI {mi} NI {ni} WARPS {cfg[2]}: regs {regs.get(cfg)}, {len(body) / 2:.1f} instructions per chunk "
-                      f"of 128 x {16 * mi} weights ({len(body) / 2 / mi:.1f} per KB of weights), "
+                per = 2 if cfg[3] == "0" else 1       # the register path's loop holds two chunks
+                print(f"MI {mi} NI {ni} WARPS {cfg[2]} STAGES {cfg[3]}: regs {regs.get(cfg)}, {len(body) / per:.1f} "
+                      f"instructions per chunk of 128 x {16 * mi} weights ({len(body) / per / mi:.1f} per KB), "
                       f"{dict(Counter(body).most_common(6))}")
 
 
