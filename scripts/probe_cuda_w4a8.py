@@ -248,18 +248,12 @@ def sass_report():
             re.finditer(r"Compiling entry function '[^']*tileILi(\d)ELi(\d)ELi(\d)ELi(\d)E[^']*'[\s\S]*?Used (\d+) registers", info)}
     for fn in re.split(r"\n\s*Function : ", sass)[1:]:
         cfg = re.search(r"tileILi(\d)ELi(\d)ELi(\d)ELi(\d)E", fn.split("\n")[0]).groups()
-        ins = [(int(a.group(1), 16), a.group(2)) for a in
-               re.finditer(r"/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P\w+\s+)?[A-Z0-9.]+[^;]*);", fn)]
-        for addr, op in ins:
-            t = re.search(r"BRA.*?0x([0-9a-f]+)", op)
-            if t and int(t.group(1), 16) < addr:
-                body = [re.sub(r"^@!?U?P\w+\s+", "", o).split()[0].split(".")[0] for a, o in ins
-                        if int(t.group(1), 16) <= a <= addr]
-                mi, ni = int(cfg[0]), int(cfg[1])
-                per = 2 if cfg[3] == "0" else 1       # the register path's loop holds two chunks
-                print(f"MI {mi} NI {ni} WARPS {cfg[2]} STAGES {cfg[3]}: regs {regs.get(cfg)}, {len(body) / per:.1f} "
-                      f"instructions per chunk of 128 x {16 * mi} weights ({len(body) / per / mi:.1f} per KB), "
-                      f"{dict(Counter(body).most_common(6))}")
+        for body in resources.loops(fn):
+            mi, ni = int(cfg[0]), int(cfg[1])
+            per = 2 if cfg[3] == "0" else 1       # the register path's loop holds two chunks
+            print(f"MI {mi} NI {ni} WARPS {cfg[2]} STAGES {cfg[3]}: regs {regs.get(cfg)}, {len(body) / per:.1f} "
+                  f"instructions per chunk of 128 x {16 * mi} weights ({len(body) / per / mi:.1f} per KB), "
+                  f"{dict(Counter(body).most_common(6))}")
 
 
 if __name__ == "__main__":

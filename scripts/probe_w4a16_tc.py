@@ -334,7 +334,6 @@ def main(out_dir):
 def sass_report():
     """The compiler report of notes/perf.md v39: instructions in the K loop (the backward branch's body) and
     registers per variant, compiled for sm_90 without a GPU (bn64 bk128 unless named)."""
-    import re
     import subprocess
     import tempfile
     from collections import Counter
@@ -368,15 +367,7 @@ def sass_report():
             Path(d, "k.cubin").write_bytes(k.asm["cubin"])
             sass = subprocess.run([str(resources._tool("cuobjdump")), "--dump-sass", str(Path(d, "k.cubin"))],
                                   capture_output=True, text=True).stdout
-        ins = [(int(m.group(1), 16), m.group(2)) for m in
-               re.finditer(r"/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P\w+\s+)?[A-Z0-9.]+[^;]*);", sass)]
-        loops = []
-        for addr, op in ins:
-            t = re.search(r"BRA.*?0x([0-9a-f]+)", op)
-            if t and int(t.group(1), 16) < addr:
-                body = [re.sub(r"^@!?U?P\w+\s+", "", o).split()[0].split(".")[0] for a, o in ins
-                        if int(t.group(1), 16) <= a <= addr]
-                loops.append((len(body), dict(Counter(body).most_common(6))))
+        loops = [(len(body), dict(Counter(body).most_common(6))) for body in resources.loops(sass)]
         rep = resources.report(k)
         print(f"{label:28s} regs {rep['registers']:3d} spills {rep['spill_store_bytes']:4d}  K loop: {loops}")
 

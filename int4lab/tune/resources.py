@@ -140,6 +140,20 @@ def compile_fused(bn, bk, nw, gu_split, dn_split, topk, rows_first, arch=90):
                           target=GPUTarget("cuda", arch, 32), options={"num_warps": nw, "num_stages": 2})
 
 
+def loops(sass: str) -> list[list[str]]:
+    """The opcodes (no predicate, no modifiers) of every loop body in one function's SASS: from a backward branch's
+    target to the branch. The compiler reports of notes/perf.md count instructions per K step this way."""
+    ins = [(int(m.group(1), 16), m.group(2)) for m in
+           re.finditer(r"/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P\w+\s+)?[A-Z0-9.]+[^;]*);", sass)]
+    out = []
+    for addr, op in ins:
+        t = re.search(r"BRA.*?0x([0-9a-f]+)", op)
+        if t and int(t.group(1), 16) < addr:
+            out.append([re.sub(r"^@!?U?P\w+\s+", "", o).split()[0].split(".")[0] for a, o in ins
+                        if int(t.group(1), 16) <= a <= addr])
+    return out
+
+
 def report(kernel, arch=90) -> dict:
     with tempfile.TemporaryDirectory() as d:
         ptx, cubin = Path(d) / "k.ptx", Path(d) / "k.cubin"
