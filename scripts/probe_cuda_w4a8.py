@@ -9,8 +9,8 @@ It is not a kernel of the library: it is built on the GPU by torch.utils.cpp_ext
 Rows: Mixtral, OLMoE and Qwen3 at 8, 16, 32 and 64 tokens, the bench's routing and random bytes. Per row, each
 projection alone (the table's Triton launch against the CUDA tile in several shapes), then the whole grouped step:
 the table's (moe_decode_grouped) against the same launches with the two projections in CUDA, the activations put in
-quad order by torch and the top-k combine by torch (two to three launches more than a quantiser and an epilogue for
-this kernel would need). The read floor of the row's unique experts is measured in the same run.
+quad order by torch and the top-k combine by torch (a few launches more than a quantiser and an epilogue for this
+kernel would need). The read floor of the row's unique experts is measured in the same run.
 
     PYTHONPATH=$PWD python3 scripts/probe_cuda_w4a8.py $OUT        # on the GPU -> $OUT/probe_cuda_w4a8_h200.json
     PYTHONPATH=$PWD python3 scripts/probe_cuda_w4a8.py --check     # CPU: the lane mapping, emulated
@@ -39,17 +39,11 @@ CONFIGS = [(1, 1, 4, 0), (2, 1, 4, 0), (2, 2, 4, 0), (2, 1, 2, 0), (2, 1, 4, 4),
 
 def quad_order_w(packed: torch.Tensor) -> torch.Tensor:
     """uint8 [E, N, K/2] int4-b32 -> the same bytes in quad order (the .cu's header): per row and 128-wide chunk,
-    word t of blocks 4c .. 4c + 3 side by side for t = 0..3."""
+    word t of blocks 4c .. 4c + 3 side by side for t = 0..3. A 4 x 4 word transpose: its own inverse (--check)."""
     E, N, KH = packed.shape
     if KH % 64:
         raise ValueError(f"packed must have K % 128 == 0 for quad order, got K = {2 * KH}")
     return packed.view(E, N, KH // 64, 4, 4, 4).transpose(3, 4).contiguous().view(E, N, KH)
-
-
-def quad_order_w_inverse(q: torch.Tensor) -> torch.Tensor:
-    """The inverse of quad_order_w (the transform is lossless: checked by --check on the CPU)."""
-    E, N, KH = q.shape
-    return q.view(E, N, KH // 64, 4, 4, 4).transpose(3, 4).contiguous().view(E, N, KH)
 
 
 def quad_order_x(xq: torch.Tensor, xs: torch.Tensor):
@@ -81,7 +75,7 @@ def grouped_cuda(xq4, xs16, wq, ws, tiles, cfg, rows_per_x=1, out=None):
     """bf16 [L, N]: gemm_int4_b32_grouped's rows (no split-K, no combine) by the CUDA tile. xq4, xs16 from
     quad_order_x; wq from quad_order_w; tiles.block_m must be 8 * NI."""
     mi, ni, warps, stages = cfg
-    E, N, KH = wq.shape
+    N, KH = wq.shape[1:]
     if tiles.block_m != 8 * ni:
         raise ValueError(f"tiles.block_m must be 8 * NI = {8 * ni}, got {tiles.block_m}")
     if N % (16 * mi * warps):
@@ -230,7 +224,7 @@ def check_mapping():
     dot = torch.einsum("ntbi,rtbi->nrb", lo, b0) + torch.einsum("ntbi,rtbi->nrb", hi, b1)
     assert torch.equal(dot, 16 * true), "lane mapping"
     p = torch.randint(0, 256, (2, 3, 256), dtype=torch.uint8)
-    assert torch.equal(quad_order_w_inverse(quad_order_w(p)), p), "quad order round trip"
+    assert torch.equal(quad_order_w(quad_order_w(p)), p), "quad order round trip"
     print("lane mapping and quad order: ok")
 
 
