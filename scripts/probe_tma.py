@@ -1,0 +1,260 @@
+"""The weights through the Tensor Memory Accelerator (TMA): the one Hopper load path no probe has timed (notes/perf.md v42).
+
+Every kernel on main brings its weights in with per-thread loads: 16-byte LDGs straight into registers (the dp4a
+GEMV) or cp.async copies staged by Triton's pipeliner (the grouped tensor-core tile). A TMA load is one bulk copy
+of a [rows, bytes] box into shared memory, issued by one thread and waited on through an mbarrier: no per-thread
+addresses, and as many boxes in flight as there are stages. Each variant below is the tree's kernel with only the
+weight load rewritten (exact text substitutions, each asserted to match once), fed a host-side TensorDescriptor
+over the packed weights viewed as 2-D [E * N, row bytes or words]. Rows past an expert's N belong to the next
+expert and are never stored; a box past the tensor's end or past K reads zeros, as the masked loads did, so the
+bits are the tree's.
+  dense    gemv_dp4a.py: the weight tile [BLOCK_N, BLOCK_K / 8] int32 words, the K loop as tl.range(num_stages=s)
+           (the pipeliner only stages a loop with a dot by itself); issue 12's four big shapes, table plans
+  grouped  grouped_mma.py: the weight tile [BLOCK_N, BLOCK_K / 2] bytes reshaped to [NB, BLOCK_N, 16]; the MoE
+           step's six tensor-core rows, table plans, and the same with 4 stages or block_k 256
+    PYTHONPATH=$PWD python3 scripts/probe_tma.py $OUT          # -> $OUT/probe_v42_tma_h200.json
+    python3 scripts/probe_tma.py --check                        # interpreter: the variants give the tree's bits
+"""
+import dataclasses
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+SRC = Path(__file__).resolve().parents[1] / "int4lab" / "kernels"
+DP4A, GMMA = (SRC / "gemv_dp4a.py").read_text(), (SRC / "grouped_mma.py").read_text()
+DENSE_STAGES = (2, 3, 4)
+DENSE_SHAPES = ((4096, 14336), (14336, 4096), (28672, 4096), (28672, 8192))
+GROUPED_ROWS = (("mixtral", 16), ("mixtral", 32), ("mixtral", 64), ("olmoe", 32), ("olmoe", 64), ("qwen3", 64))
+DENSE_ROUNDS, GROUPED_ROUNDS = 6, 2
+
+
+def sub(src, old, new):
+    assert src.count(old) == 1, (old, src.count(old))
+    return src.replace(old, new)
+
+
+def tma_dense(src, stages):
+    """gemv_tile with its (non-prefetch) weight load from a descriptor, the K loop pipelined `stages` deep."""
+    src = sub(src, "    offs_n, n_mask, w_rows, s_rows = expert_tile(w_ptr, ws_ptr, e, stride_we, stride_se, pid_n, N, KW, "
+                   "KB, BLOCK_N)\n",
+              "    offs_n, n_mask, w_rows, s_rows = expert_tile(ws_ptr, ws_ptr, e, stride_we, stride_se, pid_n, N, KW, "
+              "KB, BLOCK_N)\n    w_row0 = (e * N + pid_n * BLOCK_N).to(tl.int32)\n")
+    src = sub(src, "    for i in range(0, TILES_PER_SPLIT):\n        t = t0 + i\n",
+              f"    for i in tl.range(0, TILES_PER_SPLIT, num_stages={stages}):\n        t = t0 + i\n")
+    return sub(src, "wd = tl.load(w_rows + w_idx[None, :], mask=n_mask[:, None] & (w_idx < KW)[None, :], other=0)",
+               "wd = w_ptr.load([w_row0, t * BLOCK_W])")
+
+
+def tma_grouped(src):
+    """grouped_mma._tile with its weight load from a descriptor (the pipeliner stages it with the dot's operands)."""
+    src = sub(src, "    w_rows = w_ptr + e * stride_we + offs_n[None, :, None].to(tl.int64) * KH + offs_h[None, None, :]\n",
+              "    w_row0 = (e * N + pid_n * BLOCK_N).to(tl.int32)\n")
+    return sub(src, "wb = tl.load(w_rows + kb[:, None, None] * 16, mask=live[:, None, None] & n_mask[None, :, None], "
+                    "other=0)",
+               "wb = tl.permute(tl.reshape(w_ptr.load([w_row0, (split * TILES_PER_SPLIT + i) * (BLOCK_K // 2)]), "
+               "[BLOCK_N, NB, 16]), (1, 0, 2))")
+
+
+def load(src, name):
+    """The source as a module of int4lab.kernels (its relative imports resolve there); returns the module."""
+    d = Path(tempfile.mkdtemp())
+    (d / f"{name}.py").write_text(src)
+    spec = importlib.util.spec_from_file_location(f"int4lab.kernels._{name}", d / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Described:
+    """A variant kernel launched as the tree's launcher launches the tree's: the weight argument (positional 2,
+    [..., rows, row units]) becomes a TensorDescriptor of a [BLOCK_N, BLOCK_K / per_unit] box."""
+    def __init__(self, kern, per_unit):
+        self.kern, self.per_unit = kern, per_unit
+        self.device_caches = getattr(kern, "device_caches", None)
+
+    def __getitem__(self, grid):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        launch = self.kern[grid]
+
+        def run(*args, **kw):
+            w = args[2]
+            desc = TensorDescriptor.from_tensor(w.reshape(-1, w.shape[-1]), [kw["BLOCK_N"], kw["BLOCK_K"] // self.per_unit])
+            return launch(*args[:2], desc, *args[3:], **kw)
+        return run
+
+
+def dense_kernels():
+    from int4lab.kernels import gemv
+    out = {"tree": gemv.gemv_dp4a_kernel}
+    for s in DENSE_STAGES:
+        out[f"tma_s{s}"] = Described(load(tma_dense(DP4A, s), f"dp4a_tma{s}").gemv_dp4a_kernel, 8)
+    return out
+
+
+def grouped_kernels():
+    from int4lab.kernels import grouped
+    return {"tree": grouped.grouped_mma_kernel, "tma": Described(load(tma_grouped(GMMA), "gmma_tma").grouped_mma_kernel, 2)}
+
+
+def compiled(kern):
+    """What the run-time compiler made of each specialisation: registers, spills, shared bytes."""
+    kern = getattr(kern, "kern", kern)
+    out = []
+    try:
+        for key, c in kern.device_caches[torch.cuda.current_device()][0].items():
+            c._init_handles()
+            out.append({"regs": c.n_regs, "spills": c.n_spills, "shared": c.metadata.shared,
+                        "num_warps": c.metadata.num_warps, "num_stages": c.metadata.num_stages})
+    except Exception as e:       # a probe of what was timed: never lose the timings to the introspection
+        out.append({"error": repr(e)})
+    return out
+
+
+def check():
+    """Interpreter: every variant gives the tree's bits on awkward shapes (N not a multiple of block_n, K tiles
+    that do not split evenly, an expert with no rows)."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    from int4lab.kernels import gemv, grouped, int4_linear
+    from int4lab.kernels.grouped import build_group_tiles, gemm_int4_b32_grouped
+    from int4lab.kernels.plan import GemvPlan, GroupedPlan
+    torch.manual_seed(0)
+    ok = True
+    N, K = 72, 1536
+    packed = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8)
+    scales = (torch.rand(N, K // 32) * 0.01 + 0.001).half()
+    x = torch.randn(2, K).bfloat16()
+    kerns = dense_kernels()
+    for sk in (1, 2):
+        p = GemvPlan(block_n=32, block_k=512, num_warps=1, num_stages=1, waves=1.0, split_k=sk)
+        outs = {}
+        for label, k in kerns.items():
+            gemv.gemv_dp4a_kernel = k
+            outs[label] = int4_linear(x, packed, scales, plan=p)
+        gemv.gemv_dp4a_kernel = kerns["tree"]
+        same = {k: torch.equal(o.view(torch.int16), outs["tree"].view(torch.int16)) for k, o in outs.items()}
+        print("dense split", sk, same)
+        ok &= all(same.values())
+    E, N, K, L = 4, 80, 384, 11
+    packed = torch.randint(0, 256, (E, N, K // 2), dtype=torch.uint8)
+    scales = (torch.rand(E, N, K // 32) * 0.01 + 0.001).half()
+    xq = torch.randint(-127, 128, (L, K), dtype=torch.int8)
+    xs = torch.rand(L, K // 32) * 0.02
+    ids = torch.tensor([0, 2, 2, 0, 3, 2, 2, 2, 0, 2, 2], dtype=torch.int32)      # expert 1: no rows
+    kerns = grouped_kernels()
+    for bk in (128, 256):
+        p = GroupedPlan(block_m=4, block_n=32, block_k=bk, num_warps=1, num_stages=1, kind="mma", tile_major=True)
+        tiles = build_group_tiles(ids, E, 4)
+        outs = {}
+        for label, k in kerns.items():
+            grouped.grouped_mma_kernel = k
+            outs[label] = gemm_int4_b32_grouped(xq, xs, packed, scales, tiles, plan=p)
+        grouped.grouped_mma_kernel = kerns["tree"]
+        same = {k: torch.equal(o.view(torch.int16), outs["tree"].view(torch.int16)) for k, o in outs.items()}
+        print("grouped block_k", bk, same)
+        ok &= all(same.values())
+    print("check", "passed" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+def dense(res, path):
+    from int4lab.bench.decide import median_ci
+    from int4lab.bench.timing import copies_for, l2_bytes
+    from int4lab.kernels import gemv, int4_linear
+    from int4lab.kernels.plan import gemv_plan
+    from int4lab.tune.sweep import dense_weights, int4_bytes, time_copies
+    dev = torch.device("cuda")
+    kerns = dense_kernels()
+    for N, K in DENSE_SHAPES:
+        torch.manual_seed(0)
+        copies = copies_for(int4_bytes(N, K), l2_bytes())
+        packed, scales = dense_weights(N, K, copies, dev)
+        x = torch.randn(1, K, device=dev).bfloat16()
+        p = gemv_plan(N, K, 1, dev)
+        row = {"N": N, "K": K, "copies": copies, "plan": str(p), "us": {}, "errors": {}}
+        outs = {}
+        for _ in range(DENSE_ROUNDS):
+            for label, k in kerns.items():
+                if label in row["errors"]:
+                    continue
+                gemv.gemv_dp4a_kernel = k
+                try:
+                    outs.setdefault(label, int4_linear(x, packed[0], scales[0], plan=p).clone())
+                    row["us"].setdefault(label, []).append(
+                        time_copies(lambda i: int4_linear(x, packed[i], scales[i], plan=p), copies))
+                except Exception as e:                  # a variant that does not compile is a result too
+                    row["errors"][label] = f"{type(e).__name__}: {str(e)[:300]}"
+        gemv.gemv_dp4a_kernel = kerns["tree"]
+        row["same_bits"] = {k: torch.equal(o.view(torch.int16), outs["tree"].view(torch.int16)) for k, o in outs.items()}
+        row["ratio_to_tree"] = {k: dict(zip(("median", "lo", "hi"), median_ci([a / b for a, b in zip(v, row["us"]["tree"])])))
+                                for k, v in row["us"].items()}
+        row["compiled"] = {k: compiled(kern) for k, kern in kerns.items()}
+        res["dense"].append(row)
+        print(N, K, row["same_bits"], {k: f"{sorted(v)[len(v) // 2]:.2f} us {row['ratio_to_tree'][k]['median']:.3f} "
+                                          f"[{row['ratio_to_tree'][k]['lo']:.3f}, {row['ratio_to_tree'][k]['hi']:.3f}]"
+                                       for k, v in row["us"].items()}, row["errors"], flush=True)
+        Path(path).write_text(json.dumps(res, indent=1))
+        del packed, scales
+        torch.cuda.empty_cache()
+
+
+def grouped_rows(res, path):
+    from int4lab.bench import timing
+    from int4lab.kernels import grouped
+    from int4lab.kernels.moe import moe_decode_grouped
+    from int4lab.tune.sweep import grouped_probe_row
+    dev = torch.device("cuda")
+    l2 = timing.l2_bytes()
+    kerns = grouped_kernels()
+    for model, T in GROUPED_ROWS:
+        torch.manual_seed(0)
+        x, ids, tw, w, act, nbytes, pp = grouped_probe_row(model, T, dev, l2)
+        variants = {"tree": ("tree", pp), "tma": ("tma", pp),
+                    "tma_s4": ("tma", tuple(dataclasses.replace(p, num_stages=4) if p.kind == "mma" else p for p in pp)),
+                    "tma_bk256": ("tma", tuple(dataclasses.replace(p, block_k=256) if p.kind == "mma" else p for p in pp))}
+        row = {"model": model, "tokens": T, "copies": len(w), "bytes": nbytes, "n_active": act,
+               "plans": {k: [str(p) for p in v[1]] for k, v in variants.items()}, "us": {}, "errors": {}}
+        outs = {}
+        for _ in range(GROUPED_ROUNDS):
+            for label, (kname, plans) in variants.items():
+                if label in row["errors"]:
+                    continue
+                grouped.grouped_mma_kernel = kerns[kname]
+                try:
+                    outs.setdefault(label, moe_decode_grouped(x, ids, tw, *w[0], plan=plans).clone())
+                    s = timing.summarise(timing.time_calls(
+                        [lambda i=i: moe_decode_grouped(x, ids, tw, *w[i], plan=plans) for i in range(len(w))]))
+                    row["us"].setdefault(label, []).append([round(s["us"], 2), round(s["p10_us"], 2), round(s["p90_us"], 2)])
+                except Exception as e:
+                    row["errors"][label] = f"{type(e).__name__}: {str(e)[:300]}"
+        grouped.grouped_mma_kernel = kerns["tree"]
+        ref = outs["tree"].float()
+        row["same_bits"] = {k: torch.equal(o.view(torch.int16), outs["tree"].view(torch.int16)) for k, o in outs.items()}
+        row["max_rel_diff"] = {k: float((o.float() - ref).abs().max() / ref.abs().max()) for k, o in outs.items()}
+        row["compiled"] = {k: compiled(kern) for k, kern in kerns.items()}
+        res["grouped"].append(row)
+        print(model, T, row["same_bits"], {k: [v[0] for v in vs] for k, vs in row["us"].items()}, row["errors"], flush=True)
+        Path(path).write_text(json.dumps(res, indent=1))
+        del w
+        torch.cuda.empty_cache()
+
+
+def main(out_dir):
+    from int4lab.receipts import provenance
+    path = Path(out_dir) / "probe_v42_tma_h200.json"
+    res = {"provenance": provenance("python3 scripts/probe_tma.py $OUT"),
+           "method": {"dense": f"int4lab.tune.sweep.time_copies (median of 20 replays); variants alternate over "
+                               f"{DENSE_ROUNDS} rounds; ratio to the tree per round, median and 95 % interval",
+                      "grouped": "int4lab.bench.timing (median of 20 replays, p10 / p90) of the MoE step "
+                                 f"(moe_decode_grouped); variants alternate, {GROUPED_ROUNDS} rounds"},
+           "dense": [], "grouped": []}
+    dense(res, path)
+    grouped_rows(res, path)
+
+
+if __name__ == "__main__":
+    sys.exit(check() if "--check" in sys.argv else main(sys.argv[1]))
