@@ -17,14 +17,14 @@ bits are the tree's.
     python3 scripts/probe_tma.py --check                        # interpreter: the variants give the tree's bits
 """
 import dataclasses
-import importlib.util
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
+
+from int4lab.tune.variants import compiled, load, sub
 
 SRC = Path(__file__).resolve().parents[1] / "int4lab" / "kernels"
 DP4A, GMMA = (SRC / "gemv_dp4a.py").read_text(), (SRC / "grouped_mma.py").read_text()
@@ -32,11 +32,6 @@ DENSE_STAGES = (2, 3, 4)
 DENSE_SHAPES = ((4096, 14336), (14336, 4096), (28672, 4096), (28672, 8192))
 GROUPED_ROWS = (("mixtral", 16), ("mixtral", 32), ("mixtral", 64), ("olmoe", 32), ("olmoe", 64), ("qwen3", 64))
 DENSE_ROUNDS, GROUPED_ROUNDS = 6, 2
-
-
-def sub(src, old, new):
-    assert src.count(old) == 1, (old, src.count(old))
-    return src.replace(old, new)
 
 
 def tma_dense(src, stages):
@@ -69,16 +64,6 @@ def tma_grouped(src):
                "[BLOCK_N, NB, 16]), (1, 0, 2))")
 
 
-def load(src, name):
-    """The source as a module of int4lab.kernels (its relative imports resolve there); returns the module."""
-    d = Path(tempfile.mkdtemp())
-    (d / f"{name}.py").write_text(src)
-    spec = importlib.util.spec_from_file_location(f"int4lab.kernels._{name}", d / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 class Described:
     """A variant kernel launched as the tree's launcher launches the tree's: the weight argument (positional 2,
     [..., rows, row units]) becomes a TensorDescriptor of a [BLOCK_N, BLOCK_K / per_unit] box."""
@@ -109,20 +94,6 @@ def dense_kernels():
 def grouped_kernels():
     from int4lab.kernels import grouped
     return {"tree": grouped.grouped_mma_kernel, "tma": Described(load(tma_grouped(GMMA), "gmma_tma").grouped_mma_kernel, 2)}
-
-
-def compiled(kern):
-    """What the run-time compiler made of each specialisation: registers, spills, shared bytes."""
-    kern = getattr(kern, "kern", kern)
-    out = []
-    try:
-        for key, c in kern.device_caches[torch.cuda.current_device()][0].items():
-            c._init_handles()
-            out.append({"regs": c.n_regs, "spills": c.n_spills, "shared": c.metadata.shared,
-                        "num_warps": c.metadata.num_warps, "num_stages": c.metadata.num_stages})
-    except Exception as e:       # a probe of what was timed: never lose the timings to the introspection
-        out.append({"error": repr(e)})
-    return out
 
 
 def check():

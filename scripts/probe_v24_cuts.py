@@ -19,11 +19,9 @@ the weights' scales, both scales, all three; the bits differ, so only the time i
     PYTHONPATH=$PWD python3 scripts/probe_v24_cuts.py $OUT --set=leave_out   # -> probe_v26b_leave_out_h200.json
 """
 import dataclasses
-import importlib.util
 import json
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -34,15 +32,14 @@ from int4lab.kernels.moe import moe_decode_grouped
 from int4lab.kernels.plan import grouped_plan
 from int4lab.receipts import provenance
 from int4lab.shapes import MODELS
+from int4lab.tune import variants
 from int4lab.tune.sweep import grouped_probe_row, moe_setup
+
+sub = variants.sub
+compiled = variants.compiled
 
 PREV = Path("diag/grouped_mma_prev.py").read_text()
 TREE = Path("int4lab/kernels/grouped_mma.py").read_text()
-
-
-def sub(src, old, new):
-    assert src.count(old) == 1, (old, src.count(old))
-    return src.replace(old, new)
 
 
 def fn_def(src, name):
@@ -292,26 +289,7 @@ SOURCES = SETS[SET]()
 
 
 def load(label, src):
-    d = Path(tempfile.mkdtemp())
-    (d / f"gmma_{label}.py").write_text(src)
-    spec = importlib.util.spec_from_file_location(f"int4lab.kernels._gmma_{label}", d / f"gmma_{label}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.grouped_mma_kernel
-
-
-def compiled(kern):
-    """What the run-time compiler made of each specialisation: registers, spills, shared bytes."""
-    out = []
-    try:
-        for key, c in kern.device_caches[torch.cuda.current_device()][0].items():
-            c._init_handles()
-            out.append({"regs": c.n_regs, "spills": c.n_spills, "shared": c.metadata.shared,
-                        "num_warps": c.metadata.num_warps, "num_stages": c.metadata.num_stages,
-                        "key": str(key)[:300]})
-    except Exception as e:       # a probe of what was timed: never lose the timings to the introspection
-        out.append({"error": repr(e)})
-    return out
+    return variants.load(src, f"gmma_{label}").grouped_mma_kernel
 
 
 KERNELS = {k: Capped(load(k, s), CAPS[k]) if k in CAPS else load(k, s) for k, s in SOURCES.items()}

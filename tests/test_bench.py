@@ -825,3 +825,25 @@ def test_gemv_summary_ratios_from_a_synthetic_receipt(tmp_path):
     assert qwen["floor"] == 2.5 and qwen["ours"] == 2.0 and qwen["ratio"] == pytest.approx(0.8)
     assert qwen["vs"] == pytest.approx({"bf16": 2.0, "tinygemm": 1.5, "gemlite": 1.75, "llama.cpp": 9.88 / 2.0})
     assert rows[4096, 4096]["vs"] == pytest.approx({"bf16": 8.0 / 9.0})       # ours slower: ratio < 1
+
+
+# ---- probe variants: a kernel's source rewritten and loaded beside the tree's ---------------------------------
+
+
+def test_variants_sub_demands_exactly_one_match():
+    from int4lab.tune import variants
+    assert variants.sub("a b c", "b", "x") == "a x c"
+    with pytest.raises(AssertionError):
+        variants.sub("a b c", "d", "x")                      # a variant of a changed kernel must fail loudly
+    with pytest.raises(AssertionError):
+        variants.sub("b b", "b", "x")
+
+
+def test_variants_load_resolves_relative_imports_to_the_tree():
+    from int4lab.kernels import epilogue, gemv_dp4a
+    from int4lab.tune import variants
+    src = (il.ROOT / "int4lab" / "kernels" / "gemv_dp4a.py").read_text()
+    mod = variants.load(variants.sub(src, "PDL_TILES = 4 ", "PDL_TILES = 5 "), "dp4a_test_variant")
+    assert mod.PDL_TILES == 5 and gemv_dp4a.PDL_TILES == 4      # its own module, the tree's untouched
+    assert mod.finish_rows is epilogue.finish_rows              # `from .epilogue import` reached the tree's
+    assert mod.__name__ == "int4lab.kernels._dp4a_test_variant"
