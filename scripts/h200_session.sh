@@ -24,7 +24,7 @@ STAGES=${STAGES:-checks,bench}
 if [[ $STAGES == *checks* ]]; then
 echo "== 1. test suite on CUDA (the GPU-relevant files; lm-eval is not on the image)"
 if [ -n "${TESTS_K:-}" ]; then   # a subset of tests/test_kernels.py (pytest -k), when device time is short
-  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py -k "$TESTS_K" 2>&1 \
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py -k "$TESTS_K" 2>&1 \
     | tee "$OUT/cuda_tests_h200.txt" | tail -6
 else
   timeout 230 python3 -m pytest -q -m "not notebook" -p no:cacheprovider tests/test_kernels.py \
