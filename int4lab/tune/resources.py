@@ -6,7 +6,9 @@ and report what the compiler did with each.
 For each launch-plan variant: registers per thread and spill bytes (ptxas -v, run on Triton's PTX with
 Triton's bundled ptxas), shared memory, and a count of the SASS instructions that matter here: the MMAs
 (HGMMA/IGMMA = Hopper warpgroup MMA, IMMA = mma.sync on int8), local-memory traffic (LDL/STL, i.e. spills),
-barriers and shuffles (cross-thread reductions), CALLs (the IEEE-division slow path of div_rn). Counts are
+barriers and shuffles (cross-thread reductions), CALLs (the IEEE-division slow path of div_rn), and the split-K
+finish's memory ordering (MEMBAR = a fence that waits for this thread's stores to reach L2, ATOMG, CCTL = an L1
+invalidate; notes/perf.md v44). Counts are
 static (instructions in the binary), not executed instructions. No device time: it answers "did the tile spill, is the
 MMA the one we meant" before a timing run.
 """
@@ -22,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 SASS_OPS = ("HGMMA", "IGMMA", "IMMA", "HMMA", "LDL", "STL", "BAR", "SHFL", "LDS", "STS", "LDG", "IMAD", "IDP", "LOP3",
-            "PRMT", "FFMA", "MUFU", "CALL")
+            "PRMT", "FFMA", "MUFU", "CALL", "MEMBAR", "ATOMG", "CCTL")
 
 # (label, kind, block_n, block_k, num_warps, num_stages, defer_reduce / prefetch, x_mode, split_k)
 VARIANTS = [("dp4a sm90 big row bn16 bk2048 w4, fused quant", "dp4a", 16, 2048, 4, 2, False, 1, 1),
@@ -193,7 +195,8 @@ def main(argv=None) -> int:
         c = r["sass_counts"]
         print(f"{label:44s} regs {r['registers']!s:>4} spill st/ld {r['spill_store_bytes']!s:>5}/"
               f"{r['spill_load_bytes']!s:<5} smem {r['shared_bytes']:6d}  " +
-              " ".join(f"{k} {c[k]}" for k in ("IGMMA", "IMMA", "LDL", "STL", "BAR", "SHFL", "IDP", "PRMT", "CALL")) +
+              " ".join(f"{k} {c[k]}" for k in ("IGMMA", "IMMA", "LDL", "STL", "BAR", "SHFL", "IDP", "PRMT", "CALL", "MEMBAR",
+                                                   "ATOMG", "CCTL")) +
               f" LDG.128 {r['ldg_128']}",
               flush=True)
     if args.out:
