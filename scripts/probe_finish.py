@@ -27,7 +27,7 @@ from int4lab.tune.variants import load, sub
 
 SRC = Path(__file__).resolve().parents[1] / "int4lab" / "kernels"
 DP4A, EPI = (SRC / "gemv_dp4a.py").read_text(), (SRC / "epilogue.py").read_text()
-DENSE_ROUNDS, MOE_ROUNDS = 6, 4
+DENSE_ROUNDS, MOE_ROUNDS = 6, 6   # median_ci needs 6 rounds for a 95 % interval
 ATOMIC = '        seen = tl.atomic_add(cnt_ptr + tile, 1, mask=m_mask, sem="acq_rel", scope="gpu")\n'
 LAST = "            lmask = last[:, None] & n_mask[None, :]\n"
 RESET = "            tl.atomic_xchg(cnt_ptr + tile, 0, mask=last)   # ready for the next launch (graph replay)\n"
