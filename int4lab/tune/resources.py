@@ -91,7 +91,10 @@ def compile_variant(kind, bn, bk, nw, ns, flag, x_mode, split_k, arch=90):
                           target=GPUTarget("cuda", arch, 32), options={"num_warps": nw, "num_stages": ns})
 
 
-def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, tile_major, half_tiles=False, arch=90):
+def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, tile_major, half_tiles=False, arch=90, fn=None,
+                    w_tma=False):
+    """A grouped kernel for `arch`. fn: a variant of the mma kernel (tune.variants) instead of the tree's; w_tma:
+    the weights as a TensorDescriptor of a [bn, bk / 2] box (the sm_90 table's path, where the kernel has it)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -110,11 +113,15 @@ def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, tile_major, half_tiles=
     cst["USE_ASM"] = True
     if half_tiles:
         cst["HALF_TILES"] = True
+    if w_tma:
+        cst["W_TMA"] = True
+        sig["w_ptr"] = f"tensordesc<u8[{bn}, {bk // 2}]>"
     sig.update({k: "constexpr" for k in cst})
     names = list(sig)
     aligned = [k for k, t in sig.items() if t.startswith("*")] + ["stride_x", "stride_we", names[18], "stride_se", "KB"]
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in aligned}
-    return triton.compile(ASTSource(fn=grouped_dp4a_kernel if dp4a else grouped_mma_kernel, signature=sig,
+    fn = fn or (grouped_dp4a_kernel if dp4a else grouped_mma_kernel)
+    return triton.compile(ASTSource(fn=fn, signature=sig,
                                     constexprs=cst, attrs=attrs),
                           target=GPUTarget("cuda", arch, 32), options={"num_warps": nw,
                                                                        "num_stages": 2 if dp4a else 3})

@@ -1,0 +1,224 @@
+"""The grouped tensor-core tile's weight unpack: fewer instructions per weight word (notes/perf.md v45).
+
+The tree's tile turns each 32-bit word of packed weights (8 nibbles) into two int8 operand registers with about
+nine instructions: per nibble half a shift, a mask, the add and the xor of "(n + 0x78) ^ 0x80 = n - 8", then two
+PRMTs that interleave the even-k and odd-k bytes into the k order the MMA operand wants. Variants, each the tree's
+grouped_mma.py rewritten by asserted text substitutions (tune.variants):
+  dec16  codes as 16 (n - 8): a nibble moved to the top of its byte with the sign bit flipped is 16 (n - 8) as an
+         int8 (v41's CUDA decode), one LOP3 for the high nibbles, a shift and a LOP3 for the low ones. The block dot
+         is then 16 d, exact in int32, and the activation scales are divided by 16 where they are loaded, so
+         16 d * (ws * (xs / 16)) rounds as d * (ws * xs) does: same bits while ws * xs / 16 is a normal float32
+         (above 2**-126; below that the tree's product was already within 4 binades of underflow).
+  kord   dec16, and the weights in a kernel byte order made once at load time (`kernel_order`): in each 32-block,
+         byte 4t + i holds k = 8t + i (low nibble) and k = 8t + 4 + i (high nibble), so one word's low nibbles are
+         four consecutive k and its high nibbles the next four: the two operand registers need no PRMT. A lossless
+         permutation of int4-b32's bytes; same bytes read.
+Rows: the MoE step's tensor-core rows (table plans), every projection on the mma tile. Variants alternate.
+    PYTHONPATH=$PWD python3 scripts/probe_unpack.py $OUT       # -> $OUT/probe_v45_unpack_<card>.json
+    python3 scripts/probe_unpack.py --check                     # interpreter: the variants give the tree's bits
+    TRITON_INTERPRET=0 python3 scripts/probe_unpack.py --sass   # compiler report (sm_90), no GPU needed
+"""
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from int4lab.tune.variants import compiled, load, sub
+
+SRC = Path(__file__).resolve().parents[1] / "int4lab" / "kernels"
+GMMA = (SRC / "grouped_mma.py").read_text()
+ROWS = (("mixtral", 16), ("mixtral", 64), ("olmoe", 32), ("olmoe", 64), ("qwen3", 32), ("qwen3", 64))
+ROUNDS = 6                                   # median_ci needs 6 rounds for a 95 % interval
+
+CODES16 = '''
+
+@triton.jit
+def _codes16(wb, SHIFT: tl.constexpr, USE_ASM: tl.constexpr):
+    """uint8 packed bytes -> int8 16 * (nibble - 8) of the low (SHIFT 0) or high (SHIFT 4) nibbles: the nibble at
+    the top of its byte, sign bit flipped."""
+    if USE_ASM and SHIFT == 4:
+        return tl.inline_asm_elementwise("lop3.b32 $0, $1, 0xF0F0F0F0, 0x80808080, 0x6A;",
+                                         "=r,r", [wb], dtype=tl.int8, is_pure=True, pack=4)
+    elif USE_ASM:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t; shl.b32 t, $1, 4; lop3.b32 $0, t, 0xF0F0F0F0, 0x80808080, 0x6A; }",
+            "=r,r", [wb], dtype=tl.int8, is_pure=True, pack=4)
+    else:
+        return (((wb << (4 - SHIFT)) & 0xF0) ^ 0x80).to(tl.int8, bitcast=True)
+
+
+@triton.jit
+def _tile('''
+AS = "mask=(kb < KB)[:, None] & m_mask[None, :], other=0.0)\n"
+AS_NEXT = "mask=ahead[:, None] & m_mask[None, :], other=0.0)\n"
+UNPACK = ("        lo = _codes(wb, 0, USE_ASM)                                     # [NB, BN, 16] codes of even k\n"
+          "        hi = _codes(wb, 4, USE_ASM)                                     # [NB, BN, 16] codes of odd k\n")
+INTERLEAVE = "        w = tl.interleave(lo, hi)                                       # [NB, BN, 32] codes in k order\n"
+
+
+def dec16(src):
+    src = sub(src, "\n\n@triton.jit\ndef _tile(", CODES16)
+    src = sub(src, AS, AS.replace("other=0.0)", "other=0.0) * 0.0625"))
+    src = sub(src, AS_NEXT, AS_NEXT.replace("other=0.0)", "other=0.0) * 0.0625"))
+    return sub(src, UNPACK, UNPACK.replace("_codes(", "_codes16("))
+
+
+def kord(src):
+    return sub(dec16(src), INTERLEAVE,
+               "        lo = tl.reshape(lo, [NB, BLOCK_N, 4, 4])                        # [.., t, i]: k = 8t + i\n"
+               "        hi = tl.reshape(hi, [NB, BLOCK_N, 4, 4])                        # k = 8t + 4 + i\n"
+               "        w = tl.reshape(tl.permute(tl.join(lo, hi), (0, 1, 2, 4, 3)), [NB, BLOCK_N, 32])\n")
+
+
+def kernel_order(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., K/2] int4-b32 -> the same nibbles in kord's byte order: per 32-block, byte 4t + i holds
+    k = 8t + i (low) and k = 8t + 4 + i (high). K % 32 == 0."""
+    if packed.dtype != torch.uint8 or packed.shape[-1] % 16:
+        raise ValueError(f"packed must be uint8 with K/2 % 16 == 0, got {packed.dtype} {tuple(packed.shape)}")
+    b = packed.reshape(*packed.shape[:-1], -1, 16)
+    c = torch.stack((b & 15, b >> 4), -1).reshape(*b.shape[:-1], 4, 2, 4)      # [.., t, h, i]: k = 8t + 4h + i
+    return (c[..., 0, :] | (c[..., 1, :] << 4)).reshape(packed.shape)
+
+
+def kernels():
+    from int4lab.kernels import grouped
+    return {"tree": grouped.grouped_mma_kernel, "dec16": load(dec16(GMMA), "gmma_dec16").grouped_mma_kernel,
+            "kord": load(kord(GMMA), "gmma_kord").grouped_mma_kernel}
+
+
+def check():
+    """Interpreter: every variant gives the tree's bits (kord on kernel_order's bytes) on awkward shapes (N not a
+    multiple of block_n, an expert with no rows, split-K, both block heights)."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    from int4lab.kernels import grouped
+    from int4lab.kernels.grouped import build_group_tiles, gemm_int4_b32_grouped
+    from int4lab.kernels.plan import GroupedPlan
+    torch.manual_seed(0)
+    q = torch.randint(-8, 8, (3, 5, 64))
+    p = pack_codes(q)
+    ko = kernel_order(p)
+    assert not torch.equal(ko, p)
+    k = torch.arange(32)
+    t, h, i = k // 8, (k // 4) % 2, k % 4
+    lo_hi = torch.stack((ko & 15, ko >> 4), -1).reshape(3, 5, 2, 16, 2)       # [.., block, byte, nibble]
+    got = lo_hi[..., 4 * t + i, h].long() - 8                                         # codes in k order
+    assert torch.equal(got.reshape(3, 5, 64), q), "kernel_order: byte 4t + i holds k = 8t + i and 8t + 4 + i"
+    ok = True
+    E, N, K, L = 4, 80, 384, 11
+    packed = torch.randint(0, 256, (E, N, K // 2), dtype=torch.uint8)
+    scales = (torch.rand(E, N, K // 32) * 0.01 + 0.001).half()
+    xq = torch.randint(-127, 128, (L, K), dtype=torch.int8)
+    xs = torch.rand(L, K // 32) * 0.02
+    ids = torch.tensor([0, 2, 2, 0, 3, 2, 2, 2, 0, 2, 2], dtype=torch.int32)      # expert 1: no rows
+    kerns = kernels()
+    for bm, bk, sk in ((4, 128, 1), (8, 256, 2), (16, 128, 1)):
+        pl = GroupedPlan(block_m=bm, block_n=32, block_k=bk, num_warps=1, num_stages=1, kind="mma", tile_major=True,
+                         split_k=sk, half_tiles=bm >= 16)
+        tiles = build_group_tiles(ids, E, bm)
+        outs = {}
+        for label, kern in kerns.items():
+            grouped.grouped_mma_kernel = kern
+            w = kernel_order(packed) if label == "kord" else packed
+            outs[label] = gemm_int4_b32_grouped(xq, xs, w, scales, tiles, plan=pl)
+        grouped.grouped_mma_kernel = kerns["tree"]
+        same = {k: torch.equal(o.view(torch.int16), outs["tree"].view(torch.int16)) for k, o in outs.items()}
+        print("grouped", pl, same)
+        ok &= all(same.values())
+    print("check", "passed" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+def pack_codes(q):
+    """int codes -8..7 [..., K] -> int4-b32 bytes (even k low)."""
+    u = (q + 8).to(torch.uint8)
+    return u[..., 0::2] | (u[..., 1::2] << 4)
+
+
+def sass():
+    """Loop instructions per K step of the table's tensor-core tiles (tree and variants, TMA weights), sm_90."""
+    from int4lab.tune.resources import _tool, compile_grouped, loops
+    import subprocess
+    import tempfile
+    kerns = kernels()
+    out = {}
+    for bm in (8, 16, 32):
+        for label, fn in kerns.items():
+            kern = compile_grouped("mma", bm, 64, 128, 4, 1, 1, True, fn=fn, w_tma="W_TMA" in GMMA)
+            with tempfile.TemporaryDirectory() as d:
+                (Path(d) / "k.cubin").write_bytes(kern.asm["cubin"])
+                text = subprocess.run([str(_tool("cuobjdump")), "--dump-sass", str(Path(d) / "k.cubin")],
+                                      capture_output=True, text=True).stdout
+            body = max(loops(text), key=len)
+            c = Counter(body)
+            out[f"bm{bm} {label}"] = {"loop": len(body), "regs": kern.n_regs if hasattr(kern, "n_regs") else None,
+                                      **{op: c[op] for op in ("LOP3", "SHF", "VIADD", "IADD3", "PRMT", "IMAD", "IMMA",
+                                                              "I2FP", "FMUL", "FFMA", "LDS", "LDSM")}}
+            print(f"bm{bm:2d} {label:6s}", out[f"bm{bm} {label}"], flush=True)
+    return out
+
+
+def rows(res, path):
+    from int4lab.bench import timing
+    from int4lab.bench.decide import median_ci
+    from int4lab.kernels import grouped
+    from int4lab.kernels.moe import moe_decode_grouped
+    from int4lab.tune.sweep import grouped_probe_row
+    dev = torch.device("cuda")
+    l2 = timing.l2_bytes()
+    kerns = kernels()
+    for model, T in ROWS:
+        torch.manual_seed(0)
+        x, ids, tw, w, act, nbytes, pp = grouped_probe_row(model, T, dev, l2)
+        row = {"model": model, "tokens": T, "copies": len(w), "bytes": nbytes, "plans": [str(p) for p in pp],
+               "us": {}, "errors": {}}
+        labels = list(kerns) if all(p.kind == "mma" for p in pp) else ["tree", "dec16"]
+        wk = [(kernel_order(a), b, kernel_order(c), d) for a, b, c, d in w] if "kord" in labels else None
+        outs = {}
+        for _ in range(ROUNDS):
+            for label in labels:
+                if label in row["errors"]:
+                    continue
+                grouped.grouped_mma_kernel = kerns[label]
+                ws = wk if label == "kord" else w
+                try:
+                    outs.setdefault(label, moe_decode_grouped(x, ids, tw, *ws[0], plan=pp).clone())
+                    s = timing.summarise(timing.time_calls(
+                        [lambda i=i: moe_decode_grouped(x, ids, tw, *ws[i], plan=pp) for i in range(len(ws))]))
+                    row["us"].setdefault(label, []).append(round(s["us"], 2))
+                except Exception as e:                  # a variant that does not compile is a result too
+                    row["errors"][label] = f"{type(e).__name__}: {str(e)[:300]}"
+        grouped.grouped_mma_kernel = kerns["tree"]
+        row["same_bits"] = {k: torch.equal(o.view(torch.int16), outs["tree"].view(torch.int16)) for k, o in outs.items()}
+        row["ratio_to_tree"] = {k: dict(zip(("median", "lo", "hi"), median_ci([a / b for a, b in zip(v, row["us"]["tree"])])))
+                                for k, v in row["us"].items()}
+        row["compiled"] = {k: compiled(kerns[k]) for k in labels}
+        res["rows"].append(row)
+        print(model, T, row["same_bits"], {k: f"{sorted(v)[len(v) // 2]:.1f} us {row['ratio_to_tree'][k]['median']:.3f} "
+                                              f"[{row['ratio_to_tree'][k]['lo']:.3f}, {row['ratio_to_tree'][k]['hi']:.3f}]"
+                                           for k, v in row["us"].items()}, row["errors"], flush=True)
+        Path(path).write_text(json.dumps(res, indent=1))
+        del w, wk
+        torch.cuda.empty_cache()
+
+
+def main(out_dir):
+    from int4lab.receipts import provenance
+    card = "h200" if "H200" in torch.cuda.get_device_name() else "h100"
+    path = Path(out_dir) / f"probe_v45_unpack_{card}.json"
+    res = {"provenance": provenance("python3 scripts/probe_unpack.py $OUT"), "tree_has_tma": "W_TMA" in GMMA,
+           "method": f"int4lab.bench.timing (median of 20 replays) of the MoE step (moe_decode_grouped, table plans) "
+                     f"per round; variants alternate within a round; {ROUNDS} rounds; ratio to the tree per round: "
+                     f"median and 95 % interval (bench.decide.median_ci)", "rows": []}
+    rows(res, path)
+
+
+if __name__ == "__main__":
+    if "--check" in sys.argv:
+        sys.exit(check())
+    if "--sass" in sys.argv:
+        sass()
+        sys.exit(0)
+    sys.exit(main(sys.argv[1]))
