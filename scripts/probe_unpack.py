@@ -125,6 +125,10 @@ def check():
             outs[label] = gemm_int4_b32_grouped(xq, xs, w, scales, tiles, plan=pl)
         grouped.grouped_mma_kernel = kerns["tree"]
         same = {k: torch.equal(o.view(torch.int16), outs["tree"].view(torch.int16)) for k, o in outs.items()}
+        grouped.grouped_mma_kernel = kerns["kord"]      # the control: kord on int4-b32's own bytes must differ
+        same["control_differs"] = not torch.equal(gemm_int4_b32_grouped(xq, xs, packed, scales, tiles, plan=pl),
+                                                  outs["tree"])
+        grouped.grouped_mma_kernel = kerns["tree"]
         print("grouped", pl, same)
         ok &= all(same.values())
     print("check", "passed" if ok else "FAILED")
