@@ -30,7 +30,7 @@ from int4lab.tune.variants import compiled, load, sub
 
 SRC = Path(__file__).resolve().parents[1] / "int4lab" / "kernels"
 GMMA = (SRC / "grouped_mma.py").read_text()
-ROWS = (("mixtral", 16), ("mixtral", 64), ("olmoe", 32), ("olmoe", 64), ("qwen3", 32), ("qwen3", 64))
+ROWS = (("mixtral", 16), ("mixtral", 32), ("qwen3", 32), ("olmoe", 32), ("mixtral", 64), ("olmoe", 64), ("qwen3", 64))
 ROUNDS = 6                                   # median_ci needs 6 rounds for a 95 % interval
 
 CODES16 = '''
