@@ -13,6 +13,10 @@ grouped_mma.py rewritten by asserted text substitutions (tune.variants):
          byte 4t + i holds k = 8t + i (low nibble) and k = 8t + 4 + i (high nibble), so one word's low nibbles are
          four consecutive k and its high nibbles the next four: the two operand registers need no PRMT. A lossless
          permutation of int4-b32's bytes; same bytes read.
+  eord   kord's kernel on int4-b32's own bytes, the activations permuted instead: the quantiser stores code k of
+         each 8-group at 8t + 4h + i (k = 8t + 2i + h: the even k, then the odd), the order in which an int4-b32
+         word's low and high nibbles lie. The dot is a sum, so both operands permuted alike give the same int32
+         sums; no format change (the codes are an intermediate of the step).
 Rows: the MoE step's tensor-core rows (table plans), every projection on the mma tile. Variants alternate.
     PYTHONPATH=$PWD python3 scripts/probe_unpack.py $OUT       # -> $OUT/probe_v45_unpack_<card>.json
     python3 scripts/probe_unpack.py --check                     # interpreter: the variants give the tree's bits
@@ -83,10 +87,40 @@ def kernel_order(packed: torch.Tensor) -> torch.Tensor:
     return (c[..., 0, :] | (c[..., 1, :] << 4)).reshape(packed.shape)
 
 
+STORE = "    tl.store(q_ptr + r * K + offs, q.to(tl.int8), mask=mask)\n"
+
+
+def eo_quant(src):
+    """quant.py with code k of each 8-group stored at 8t + 4h + i, k = 8t + 2i + h (a 32-block maps to itself)."""
+    return sub(src, STORE, "    eo = (offs & ~7) | ((offs & 1) << 2) | ((offs >> 1) & 3)\n" + STORE.replace("+ offs,", "+ eo,"))
+
+
+def eo_order(xq: torch.Tensor) -> torch.Tensor:
+    """int8 codes [R, K] -> eo_quant's order."""
+    k = torch.arange(xq.shape[1])
+    pos = (k & ~7) | ((k & 1) << 2) | ((k >> 1) & 3)
+    out = torch.empty_like(xq)
+    out[:, pos] = xq
+    return out
+
+
 def kernels():
     from int4lab.kernels import grouped
+    kord_kernel = load(kord(GMMA), "gmma_kord").grouped_mma_kernel
     return {"tree": grouped.grouped_mma_kernel, "dec16": load(dec16(GMMA), "gmma_dec16").grouped_mma_kernel,
-            "kord": load(kord(GMMA), "gmma_kord").grouped_mma_kernel}
+            "kord": kord_kernel, "eord": kord_kernel}
+
+
+def quant_kernels():
+    from int4lab.kernels import quant
+    return {"tree": quant.quant_rows_kernel, "eo": load(eo_quant((SRC / "quant.py").read_text()), "quant_eo").quant_rows_kernel}
+
+
+def use(label, kerns, qkerns):
+    """Point the library at `label`'s grouped kernel and quantiser (the tree's for every label but eord)."""
+    from int4lab.kernels import grouped, quant
+    grouped.grouped_mma_kernel = kerns[label]
+    quant.quant_rows_kernel = qkerns["eo" if label == "eord" else "tree"]
 
 
 def check():
@@ -122,7 +156,7 @@ def check():
         for label, kern in kerns.items():
             grouped.grouped_mma_kernel = kern
             w = kernel_order(packed) if label == "kord" else packed
-            outs[label] = gemm_int4_b32_grouped(xq, xs, w, scales, tiles, plan=pl)
+            outs[label] = gemm_int4_b32_grouped(eo_order(xq) if label == "eord" else xq, xs, w, scales, tiles, plan=pl)
         grouped.grouped_mma_kernel = kerns["tree"]
         same = {k: torch.equal(o.view(torch.int16), outs["tree"].view(torch.int16)) for k, o in outs.items()}
         grouped.grouped_mma_kernel = kerns["kord"]      # the control: kord on int4-b32's own bytes must differ
@@ -131,6 +165,18 @@ def check():
         grouped.grouped_mma_kernel = kerns["tree"]
         print("grouped", pl, same)
         ok &= all(same.values())
+    from int4lab.kernels import quant
+    from int4lab.kernels.quant import quant_x_rows, swiglu_quant_rows
+    qk = quant_kernels()
+    x, h = torch.randn(3, 96).bfloat16(), torch.randn(3, 192).bfloat16()
+    ref = (quant_x_rows(x), swiglu_quant_rows(h))
+    quant.quant_rows_kernel = qk["eo"]
+    got = (quant_x_rows(x), swiglu_quant_rows(h))
+    quant.quant_rows_kernel = qk["tree"]
+    same = all(torch.equal(eo_order(a[0]), b[0]) and torch.equal(a[1], b[1]) for a, b in zip(ref, got))
+    print("eo quantiser = the tree's codes in eo order", same, "; eo order is not the identity",
+          not torch.equal(eo_order(ref[0][0]), ref[0][0]))
+    ok &= same
     print("check", "passed" if ok else "FAILED")
     return 0 if ok else 1
 
@@ -150,6 +196,8 @@ def sass():
     out = {}
     for bm in (8, 16, 32):
         for label, fn in kerns.items():
+            if label == "eord":                         # kord's kernel
+                continue
             kern = compile_grouped("mma", bm, 64, 128, 4, 1, 1, True, fn=fn, w_tma="W_TMA" in GMMA)
             with tempfile.TemporaryDirectory() as d:
                 (Path(d) / "k.cubin").write_bytes(kern.asm["cubin"])
@@ -179,13 +227,14 @@ def rows(res, path):
         row = {"model": model, "tokens": T, "copies": len(w), "bytes": nbytes, "plans": [str(p) for p in pp],
                "us": {}, "errors": {}}
         labels = list(kerns) if all(p.kind == "mma" for p in pp) else ["tree", "dec16"]
+        qkerns = quant_kernels()
         wk = [(kernel_order(a), b, kernel_order(c), d) for a, b, c, d in w] if "kord" in labels else None
         outs = {}
         for _ in range(ROUNDS):
             for label in labels:
                 if label in row["errors"]:
                     continue
-                grouped.grouped_mma_kernel = kerns[label]
+                use(label, kerns, qkerns)
                 ws = wk if label == "kord" else w
                 try:
                     outs.setdefault(label, moe_decode_grouped(x, ids, tw, *ws[0], plan=pp).clone())
@@ -194,11 +243,11 @@ def rows(res, path):
                     row["us"].setdefault(label, []).append(round(s["us"], 2))
                 except Exception as e:                  # a variant that does not compile is a result too
                     row["errors"][label] = f"{type(e).__name__}: {str(e)[:300]}"
-        grouped.grouped_mma_kernel = kerns["tree"]
+        use("tree", kerns, qkerns)
         row["same_bits"] = {k: torch.equal(o.view(torch.int16), outs["tree"].view(torch.int16)) for k, o in outs.items()}
         row["ratio_to_tree"] = {k: dict(zip(("median", "lo", "hi"), median_ci([a / b for a, b in zip(v, row["us"]["tree"])])))
                                 for k, v in row["us"].items()}
-        row["compiled"] = {k: compiled(kerns[k]) for k in labels}
+        row["compiled"] = {k: compiled(kerns[k]) for k in labels if k != "eord"}
         res["rows"].append(row)
         print(model, T, row["same_bits"], {k: f"{sorted(v)[len(v) // 2]:.1f} us {row['ratio_to_tree'][k]['median']:.3f} "
                                               f"[{row['ratio_to_tree'][k]['lo']:.3f}, {row['ratio_to_tree'][k]['hi']:.3f}]"
