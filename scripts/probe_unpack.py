@@ -87,6 +87,25 @@ def kernel_order(packed: torch.Tensor) -> torch.Tensor:
     return (c[..., 0, :] | (c[..., 1, :] << 4)).reshape(packed.shape)
 
 
+WSC = "    wsc = tl.load(s_rows + kb[:, None], mask=(kb < KB)[:, None] & n_mask[None, :], other=0.0)\n"
+AHEAD = ("        ahead = (kb + NB < KB) & (i + 1 < TILES_PER_SPLIT)\n"
+         "        asc_next = tl.load(as_rows + (kb + NB)[:, None], mask=ahead[:, None] & m_mask[None, :], other=0.0)\n"
+         "        wsc_next = tl.load(s_rows + (kb + NB)[:, None], mask=ahead[:, None] & n_mask[None, :], other=0.0)\n")
+ROTATE = "        asc, wsc = asc_next, wsc_next\n"
+
+
+def scales_ahead(src, d):
+    """The scale loads d steps ahead instead of one (v46: is the L1TEX wait of v43b the scale loads?)."""
+    pre = "".join(f"    kb{j} = kb + {j} * NB\n    ahead{j} = (kb{j} < KB) & ({j} < TILES_PER_SPLIT)\n"
+                  f"    asc{j} = tl.load(as_rows + kb{j}[:, None], mask=ahead{j}[:, None] & m_mask[None, :], other=0.0)\n"
+                  f"    wsc{j} = tl.load(s_rows + kb{j}[:, None], mask=ahead{j}[:, None] & n_mask[None, :], other=0.0)\n"
+                  for j in range(1, d))
+    src = sub(src, WSC, WSC + pre)
+    src = sub(src, AHEAD, AHEAD.replace("kb + NB", f"kb + {d} * NB").replace("i + 1 <", f"i + {d} <"))
+    chain = ", ".join(["asc", "wsc"] + [f"asc{j}, wsc{j}" for j in range(1, d)])
+    return sub(src, ROTATE, f"        {chain} = {', '.join([f'asc{j}, wsc{j}' for j in range(1, d)] + ['asc_next, wsc_next'])}\n")
+
+
 STORE = "    tl.store(q_ptr + r * K + offs, q.to(tl.int8), mask=mask)\n"
 
 
@@ -107,8 +126,12 @@ def eo_order(xq: torch.Tensor) -> torch.Tensor:
 def kernels():
     from int4lab.kernels import grouped
     kord_kernel = load(kord(GMMA), "gmma_kord").grouped_mma_kernel
-    return {"tree": grouped.grouped_mma_kernel, "dec16": load(dec16(GMMA), "gmma_dec16").grouped_mma_kernel,
-            "kord": kord_kernel, "eord": kord_kernel}
+    out = {"tree": grouped.grouped_mma_kernel, "dec16": load(dec16(GMMA), "gmma_dec16").grouped_mma_kernel,
+           "kord": kord_kernel, "eord": kord_kernel,
+           "sc2": load(scales_ahead(GMMA, 2), "gmma_sc2").grouped_mma_kernel,
+           "sc3": load(scales_ahead(GMMA, 3), "gmma_sc3").grouped_mma_kernel}
+    only = [a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--variants=")]
+    return {k: v for k, v in out.items() if not only or k in only[0]}
 
 
 def quant_kernels():
@@ -221,14 +244,19 @@ def rows(res, path):
     dev = torch.device("cuda")
     l2 = timing.l2_bytes()
     kerns = kernels()
+    only = [a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--rows=")]
     for model, T in ROWS:
+        if only and f"{model}{T}" not in only[0]:
+            continue
         torch.manual_seed(0)
         x, ids, tw, w, act, nbytes, pp = grouped_probe_row(model, T, dev, l2)
         row = {"model": model, "tokens": T, "copies": len(w), "bytes": nbytes, "plans": [str(p) for p in pp],
                "us": {}, "errors": {}}
-        labels = list(kerns) if all(p.kind == "mma" for p in pp) else ["tree", "dec16"]
+        labels = [k for k in kerns if k not in ("kord", "eord") or all(p.kind == "mma" for p in pp)]
         qkerns = quant_kernels()
         wk = [(kernel_order(a), b, kernel_order(c), d) for a, b, c, d in w] if "kord" in labels else None
+        if not any(p.kind == "mma" for p in pp):
+            continue
         outs = {}
         for _ in range(ROUNDS):
             for label in labels:
@@ -260,7 +288,8 @@ def rows(res, path):
 def main(out_dir):
     from int4lab.receipts import provenance
     card = "h200" if "H200" in torch.cuda.get_device_name() else "h100"
-    path = Path(out_dir) / f"probe_v45_unpack_{card}.json"
+    tag = ([a.split("=", 1)[1] for a in sys.argv if a.startswith("--tag=")] or ["v45_unpack"])[0]
+    path = Path(out_dir) / f"probe_{tag}_{card}.json"
     res = {"provenance": provenance("python3 scripts/probe_unpack.py $OUT"), "tree_has_tma": "W_TMA" in GMMA,
            "method": f"int4lab.bench.timing (median of 20 replays) of the MoE step (moe_decode_grouped, table plans) "
                      f"per round; variants alternate within a round; {ROUNDS} rounds; ratio to the tree per round: "
@@ -274,4 +303,4 @@ if __name__ == "__main__":
     if "--sass" in sys.argv:
         sass()
         sys.exit(0)
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1]))     # [--variants=tree,sc2] [--rows=mixtral16,qwen332] [--tag=v46_scales]
