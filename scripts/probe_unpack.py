@@ -106,6 +106,24 @@ def scales_ahead(src, d):
     return sub(src, ROTATE, f"        {chain} = {', '.join([f'asc{j}, wsc{j}' for j in range(1, d)] + ['asc_next, wsc_next'])}\n")
 
 
+S_ROWS = "    s_rows = ws_ptr + e * stride_se + offs_n[None, :].to(tl.int64) * KB                       # [1, BN]\n"
+
+
+def scales_kmajor(src):
+    """The weight scales read from a k-major copy [E, KB, N] (`kmajor_scales`, made once at load time): a step's
+    [NB, BLOCK_N] scales are NB runs of BLOCK_N contiguous fp16 instead of 8 bytes from each of BLOCK_N rows (v46's
+    Nsight Compute: the row-major load fetches 4x the sectors it uses, and its wait is the loop's largest stall)."""
+    src = sub(src, S_ROWS, "    s_rows = ws_ptr + e * stride_se + offs_n[None, :].to(tl.int64)   # [1, BN], k-major scales\n")
+    src = sub(src, "wsc = tl.load(s_rows + kb[:, None], ", "wsc = tl.load(s_rows + kb[:, None] * N, ")
+    return sub(src, "wsc_next = tl.load(s_rows + (kb + NB)[:, None], ", "wsc_next = tl.load(s_rows + (kb + NB)[:, None] * N, ")
+
+
+def kmajor_scales(scales: torch.Tensor) -> torch.Tensor:
+    """float16 [E, N, KB] -> the same values stored k-major ([E, KB, N] memory), viewed with the shape [E, N, KB]
+    that the launcher checks (only scales_kmajor's kernel reads it correctly)."""
+    return scales.transpose(-1, -2).contiguous().reshape(scales.shape)
+
+
 STORE = "    tl.store(q_ptr + r * K + offs, q.to(tl.int8), mask=mask)\n"
 
 
@@ -129,7 +147,8 @@ def kernels():
     out = {"tree": grouped.grouped_mma_kernel, "dec16": load(dec16(GMMA), "gmma_dec16").grouped_mma_kernel,
            "kord": kord_kernel, "eord": kord_kernel,
            "sc2": load(scales_ahead(GMMA, 2), "gmma_sc2").grouped_mma_kernel,
-           "sc3": load(scales_ahead(GMMA, 3), "gmma_sc3").grouped_mma_kernel}
+           "sc3": load(scales_ahead(GMMA, 3), "gmma_sc3").grouped_mma_kernel,
+           "wsT": load(scales_kmajor(GMMA), "gmma_wst").grouped_mma_kernel}
     only = [a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--variants=")]
     return {k: v for k, v in out.items() if not only or k in only[0]}
 
@@ -179,7 +198,8 @@ def check():
         for label, kern in kerns.items():
             grouped.grouped_mma_kernel = kern
             w = kernel_order(packed) if label == "kord" else packed
-            outs[label] = gemm_int4_b32_grouped(eo_order(xq) if label == "eord" else xq, xs, w, scales, tiles, plan=pl)
+            sc = kmajor_scales(scales) if label == "wsT" else scales
+            outs[label] = gemm_int4_b32_grouped(eo_order(xq) if label == "eord" else xq, xs, w, sc, tiles, plan=pl)
         grouped.grouped_mma_kernel = kerns["tree"]
         same = {k: torch.equal(o.view(torch.int16), outs["tree"].view(torch.int16)) for k, o in outs.items()}
         grouped.grouped_mma_kernel = kerns["kord"]      # the control: kord on int4-b32's own bytes must differ
@@ -252,9 +272,10 @@ def rows(res, path):
         x, ids, tw, w, act, nbytes, pp = grouped_probe_row(model, T, dev, l2)
         row = {"model": model, "tokens": T, "copies": len(w), "bytes": nbytes, "plans": [str(p) for p in pp],
                "us": {}, "errors": {}}
-        labels = [k for k in kerns if k not in ("kord", "eord") or all(p.kind == "mma" for p in pp)]
+        labels = [k for k in kerns if k not in ("kord", "eord", "wsT") or all(p.kind == "mma" for p in pp)]
         qkerns = quant_kernels()
         wk = [(kernel_order(a), b, kernel_order(c), d) for a, b, c, d in w] if "kord" in labels else None
+        wt = [(a, kmajor_scales(b), c, kmajor_scales(d)) for a, b, c, d in w] if "wsT" in labels else None
         if not any(p.kind == "mma" for p in pp):
             continue
         outs = {}
@@ -263,7 +284,7 @@ def rows(res, path):
                 if label in row["errors"]:
                     continue
                 use(label, kerns, qkerns)
-                ws = wk if label == "kord" else w
+                ws = wk if label == "kord" else wt if label == "wsT" else w
                 try:
                     outs.setdefault(label, moe_decode_grouped(x, ids, tw, *ws[0], plan=pp).clone())
                     s = timing.summarise(timing.time_calls(
@@ -281,7 +302,7 @@ def rows(res, path):
                                               f"[{row['ratio_to_tree'][k]['lo']:.3f}, {row['ratio_to_tree'][k]['hi']:.3f}]"
                                            for k, v in row["us"].items()}, row["errors"], flush=True)
         Path(path).write_text(json.dumps(res, indent=1))
-        del w, wk
+        del w, wk, wt
         torch.cuda.empty_cache()
 
 
