@@ -1,4 +1,5 @@
-"""The grouped tensor-core tile's weight unpack: fewer instructions per weight word (notes/perf.md v45).
+"""The grouped tensor-core tile's loop, variant by variant: the weight unpack (notes/perf.md v45) and the scale
+loads (v46, v47). Every variant gives the tree's bits; none was faster beyond 1-2 % on most rows, so none landed.
 
 The tree's tile turns each 32-bit word of packed weights (8 nibbles) into two int8 operand registers with about
 nine instructions: per nibble half a shift, a mask, the add and the xor of "(n + 0x78) ^ 0x80 = n - 8", then two
@@ -17,8 +18,13 @@ grouped_mma.py rewritten by asserted text substitutions (tune.variants):
          each 8-group at 8t + 4h + i (k = 8t + 2i + h: the even k, then the odd), the order in which an int4-b32
          word's low and high nibbles lie. The dot is a sum, so both operands permuted alike give the same int32
          sums; no format change (the codes are an intermediate of the step).
-Rows: the MoE step's tensor-core rows (table plans), every projection on the mma tile. Variants alternate.
+  sc2, sc3  the scale loads two or three steps ahead instead of one (v46). Triton's pipeliner then stops staging
+         the loop (no cp.async, one TMA load in the TTGIR), so these time an unpipelined loop.
+  wsT    the weight scales from a k-major copy (`kmajor_scales`, [E, KB, N] memory, made once at load time; v47).
+Rows: the MoE step's tensor-core rows (table plans); kord, eord and wsT only where both projections run the mma tile.
+Variants alternate within each round.
     PYTHONPATH=$PWD python3 scripts/probe_unpack.py $OUT       # -> $OUT/probe_v45_unpack_<card>.json
+        [--variants=tree,wsT] [--rows=mixtral16,qwen332] [--tag=v47_kmajor_scales]   (the receipt's name)
     python3 scripts/probe_unpack.py --check                     # interpreter: the variants give the tree's bits
     TRITON_INTERPRET=0 python3 scripts/probe_unpack.py --sass   # compiler report (sm_90), no GPU needed
 """
