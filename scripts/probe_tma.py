@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from int4lab.tune.variants import compiled, load, sub
+from int4lab.tune.variants import compiled, grouped_case, load, sub
 
 SRC = Path(__file__).resolve().parents[1] / "int4lab" / "kernels"
 DP4A, GMMA = (SRC / "gemv_dp4a.py").read_text(), (SRC / "grouped_mma.py").read_text()
@@ -121,12 +121,7 @@ def check():
         same = {k: torch.equal(o.view(torch.int16), outs["tree"].view(torch.int16)) for k, o in outs.items()}
         print("dense split", sk, same)
         ok &= all(same.values())
-    E, N, K, L = 4, 80, 384, 11
-    packed = torch.randint(0, 256, (E, N, K // 2), dtype=torch.uint8)
-    scales = (torch.rand(E, N, K // 32) * 0.01 + 0.001).half()
-    xq = torch.randint(-127, 128, (L, K), dtype=torch.int8)
-    xs = torch.rand(L, K // 32) * 0.02
-    ids = torch.tensor([0, 2, 2, 0, 3, 2, 2, 2, 0, 2, 2], dtype=torch.int32)      # expert 1: no rows
+    E, packed, scales, xq, xs, ids = grouped_case()                 # expert 1: no rows
     kerns = grouped_kernels()
     for bk in (128, 256):
         p = GroupedPlan(block_m=4, block_n=32, block_k=bk, num_warps=1, num_stages=1, kind="mma", tile_major=True)

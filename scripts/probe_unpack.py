@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from int4lab.tune.variants import compiled, load, sub
+from int4lab.tune.variants import compiled, grouped_case, load, sub
 
 SRC = Path(__file__).resolve().parents[1] / "int4lab" / "kernels"
 GMMA = (SRC / "grouped_mma.py").read_text()
@@ -189,12 +189,7 @@ def check():
     got = lo_hi[..., 4 * t + i, h].long() - 8                                         # codes in k order
     assert torch.equal(got.reshape(3, 5, 64), q), "kernel_order: byte 4t + i holds k = 8t + i and 8t + 4 + i"
     ok = True
-    E, N, K, L = 4, 80, 384, 11
-    packed = torch.randint(0, 256, (E, N, K // 2), dtype=torch.uint8)
-    scales = (torch.rand(E, N, K // 32) * 0.01 + 0.001).half()
-    xq = torch.randint(-127, 128, (L, K), dtype=torch.int8)
-    xs = torch.rand(L, K // 32) * 0.02
-    ids = torch.tensor([0, 2, 2, 0, 3, 2, 2, 2, 0, 2, 2], dtype=torch.int32)      # expert 1: no rows
+    E, packed, scales, xq, xs, ids = grouped_case()                 # expert 1: no rows
     kerns = kernels()
     for bm, bk, sk in ((4, 128, 1), (8, 256, 2), (16, 128, 1)):
         pl = GroupedPlan(block_m=bm, block_n=32, block_k=bk, num_warps=1, num_stages=1, kind="mma", tile_major=True,

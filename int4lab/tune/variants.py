@@ -5,7 +5,7 @@ as a module of its own, so a probe times the tree's kernel and its variants side
     kern = variants.load(src, "gmma_mine").grouped_mma_kernel
 
 The loaded module lives in a temporary directory but is named int4lab.kernels._<name>, so its relative imports
-(`from .epilogue import ...`) resolve to the tree's modules. Used by scripts/probe_v24_cuts.py and
+(`from .epilogue import ...`) resolve to the tree's modules. Used by scripts/probe_v24_cuts.py, probe_unpack.py and
 scripts/probe_tma.py; the library itself never loads a variant.
 """
 from __future__ import annotations
@@ -47,3 +47,17 @@ def compiled(kern) -> list[dict]:
     except Exception as e:
         out.append({"error": repr(e)})
     return out
+
+
+def grouped_case():
+    """The probes' interpreter case for a grouped kernel: awkward on purpose (N = 80 not a multiple of 32 or 64,
+    K = 384 = 3 steps of 128, 11 rows, expert 1 with no rows). Returns E, packed [E, N, K/2] uint8, scales
+    [E, N, K/32] fp16, xq [L, K] int8, xs [L, K/32] float32, ids [L] int32; seed it before calling."""
+    import torch
+    E, N, K, L = 4, 80, 384, 11
+    packed = torch.randint(0, 256, (E, N, K // 2), dtype=torch.uint8)
+    scales = (torch.rand(E, N, K // 32) * 0.01 + 0.001).half()
+    xq = torch.randint(-127, 128, (L, K), dtype=torch.int8)
+    xs = torch.rand(L, K // 32) * 0.02
+    ids = torch.tensor([0, 2, 2, 0, 3, 2, 2, 2, 0, 2, 2], dtype=torch.int32)
+    return E, packed, scales, xq, xs, ids
