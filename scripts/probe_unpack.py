@@ -21,6 +21,8 @@ grouped_mma.py rewritten by asserted text substitutions (tune.variants):
   sc2, sc3  the scale loads two or three steps ahead instead of one (v46). Triton's pipeliner then stops staging
          the loop (no cp.async, one TMA load in the TTGIR), so these time an unpipelined loop.
   wsT    the weight scales from a k-major copy (`kmajor_scales`, [E, KB, N] memory, made once at load time; v47).
+  r96, r128  the tree's kernel with a register cap (`maxnreg`): 96 on tiles of 16 rows or more, 128 on 32-row tiles
+         (v48: 4 -> 5 and 3 -> 4 programs per SM; ptxas spills a little in the loop).
 Rows: the MoE step's tensor-core rows (table plans); kord, eord and wsT only where both projections run the mma tile.
 Variants alternate within each round.
     PYTHONPATH=$PWD python3 scripts/probe_unpack.py $OUT       # -> $OUT/probe_v45_unpack_<card>.json
@@ -147,6 +149,21 @@ def eo_order(xq: torch.Tensor) -> torch.Tensor:
     return out
 
 
+class Capped:
+    """The tree's kernel launched with a register cap (Triton's `maxnreg` launch option) on tiles of `min_bm` rows
+    or more, so more programs fit on an SM (v48); ptxas spills what does not fit."""
+    def __init__(self, kern, cap, min_bm):
+        self.kern, self.cap, self.min_bm = kern, cap, min_bm
+        self.device_caches = getattr(kern, "device_caches", None)
+
+    def __getitem__(self, grid):
+        launch = self.kern[grid]
+
+        def run(*args, **kw):
+            return launch(*args, **kw, **({"maxnreg": self.cap} if kw["BLOCK_M"] >= self.min_bm else {}))
+        return run
+
+
 def kernels():
     from int4lab.kernels import grouped
     kord_kernel = load(kord(GMMA), "gmma_kord").grouped_mma_kernel
@@ -154,7 +171,8 @@ def kernels():
            "kord": kord_kernel, "eord": kord_kernel,
            "sc2": load(scales_ahead(GMMA, 2), "gmma_sc2").grouped_mma_kernel,
            "sc3": load(scales_ahead(GMMA, 3), "gmma_sc3").grouped_mma_kernel,
-           "wsT": load(scales_kmajor(GMMA), "gmma_wst").grouped_mma_kernel}
+           "wsT": load(scales_kmajor(GMMA), "gmma_wst").grouped_mma_kernel,
+           "r96": Capped(grouped.grouped_mma_kernel, 96, 16), "r128": Capped(grouped.grouped_mma_kernel, 128, 32)}
     only = [a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--variants=")]
     return {k: v for k, v in out.items() if not only or k in only[0]}
 

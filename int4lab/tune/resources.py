@@ -92,9 +92,10 @@ def compile_variant(kind, bn, bk, nw, ns, flag, x_mode, split_k, arch=90):
 
 
 def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, tile_major, half_tiles=False, arch=90, fn=None,
-                    w_tma=False):
+                    w_tma=False, maxnreg=None):
     """A grouped kernel for `arch`. fn: a variant of the mma kernel (tune.variants) instead of the tree's; w_tma:
-    the weights as a TensorDescriptor of a [bn, bk / 2] box (the sm_90 table's path, where the kernel has it)."""
+    the weights as a TensorDescriptor of a [bn, bk / 2] box (the sm_90 table's path, where the kernel has it);
+    maxnreg: a cap on registers per thread (ptxas spills what does not fit)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -123,7 +124,7 @@ def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, tile_major, half_tiles=
     fn = fn or (grouped_dp4a_kernel if dp4a else grouped_mma_kernel)
     return triton.compile(ASTSource(fn=fn, signature=sig,
                                     constexprs=cst, attrs=attrs),
-                          target=GPUTarget("cuda", arch, 32), options={"num_warps": nw,
+                          target=GPUTarget("cuda", arch, 32), options={"num_warps": nw, "maxnreg": maxnreg,
                                                                        "num_stages": 2 if dp4a else 3})
 
 
