@@ -21,6 +21,8 @@ grouped_mma.py rewritten by asserted text substitutions (tune.variants):
   sc2, sc3  the scale loads two or three steps ahead instead of one (v46). Triton's pipeliner then stops staging
          the loop (no cp.async, one TMA load in the TTGIR), so these time an unpipelined loop.
   wsT    the weight scales from a k-major copy (`kmajor_scales`, [E, KB, N] memory, made once at load time; v47).
+  scp    the scale loads as plain loads in their own step and the loop as tl.range(num_stages=3), so that the
+         pipeliner stages them with the dot's operands (v49).
   r96, r128  the tree's kernel with a register cap (`maxnreg`): 96 on tiles of 16 rows or more, 128 on 32-row tiles
          (v48: 4 -> 5 and 3 -> 4 programs per SM; ptxas spills a little in the loop).
 Rows: the MoE step's tensor-core rows (table plans); kord, eord and wsT only where both projections run the mma tile.
@@ -114,6 +116,19 @@ def scales_ahead(src, d):
     return sub(src, ROTATE, f"        {chain} = {', '.join([f'asc{j}, wsc{j}' for j in range(1, d)] + ['asc_next, wsc_next'])}\n")
 
 
+def scales_piped(src):
+    """The scale loads in their own step, as plain loads, and the K loop as tl.range(num_stages=3) (the sm_90 table's
+    stages): Triton's pipeliner then stages them through shared memory with the dot's operands, 2 steps ahead
+    (v49; in the TTGIR, 3 cp.async copies per loop instead of 1, and 1 KB more shared memory at bm16)."""
+    src = sub(src, AHEAD, "")
+    src = sub(src, ROTATE, "")
+    src = sub(src, "        a = tl.load(a_rows",
+              "        asc = tl.load(as_rows + kb[:, None], mask=live[:, None] & m_mask[None, :], other=0.0)\n"
+              "        wsc = tl.load(s_rows + kb[:, None], mask=live[:, None] & n_mask[None, :], other=0.0)\n"
+              "        a = tl.load(a_rows")
+    return sub(src, "    for i in range(0, TILES_PER_SPLIT):\n", "    for i in tl.range(0, TILES_PER_SPLIT, num_stages=3):\n")
+
+
 S_ROWS = "    s_rows = ws_ptr + e * stride_se + offs_n[None, :].to(tl.int64) * KB                       # [1, BN]\n"
 
 
@@ -172,6 +187,7 @@ def kernels():
            "sc2": load(scales_ahead(GMMA, 2), "gmma_sc2").grouped_mma_kernel,
            "sc3": load(scales_ahead(GMMA, 3), "gmma_sc3").grouped_mma_kernel,
            "wsT": load(scales_kmajor(GMMA), "gmma_wst").grouped_mma_kernel,
+           "scp": load(scales_piped(GMMA), "gmma_scp").grouped_mma_kernel,
            "r96": Capped(grouped.grouped_mma_kernel, 96, 16), "r128": Capped(grouped.grouped_mma_kernel, 128, 32)}
     only = [a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--variants=")]
     return {k: v for k, v in out.items() if not only or k in only[0]}
