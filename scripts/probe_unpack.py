@@ -266,8 +266,9 @@ def pack_codes(q):
 
 
 def sass():
-    """Loop instructions per K step of the table's tensor-core tiles (tree and variants, TMA weights), sm_90."""
-    from int4lab.tune.resources import _tool, compile_grouped, loops
+    """Loop instructions per K step of the table's tensor-core tiles (tree and variants, TMA weights), sm_90: the
+    longest loop's opcodes, and ptxas's registers and spills (a Capped variant compiled with its cap)."""
+    from int4lab.tune.resources import _tool, compile_grouped, loops, report
     import subprocess
     import tempfile
     kerns = kernels()
@@ -276,16 +277,19 @@ def sass():
         for label, fn in kerns.items():
             if label == "eord":                         # kord's kernel
                 continue
-            kern = compile_grouped("mma", bm, 64, 128, 4, 1, 1, True, fn=fn, w_tma="W_TMA" in GMMA)
+            cap = fn.cap if isinstance(fn, Capped) and bm >= fn.min_bm else None
+            kern = compile_grouped("mma", bm, 64, 128, 4, 1, 1, True, fn=getattr(fn, "kern", fn),
+                                   w_tma="W_TMA" in GMMA, maxnreg=cap)
             with tempfile.TemporaryDirectory() as d:
                 (Path(d) / "k.cubin").write_bytes(kern.asm["cubin"])
                 text = subprocess.run([str(_tool("cuobjdump")), "--dump-sass", str(Path(d) / "k.cubin")],
                                       capture_output=True, text=True).stdout
             body = max(loops(text), key=len)
             c = Counter(body)
-            out[f"bm{bm} {label}"] = {"loop": len(body), "regs": kern.n_regs if hasattr(kern, "n_regs") else None,
+            r = report(kern)
+            out[f"bm{bm} {label}"] = {"loop": len(body), "regs": r["registers"], "spill": r["spill_store_bytes"],
                                       **{op: c[op] for op in ("LOP3", "SHF", "VIADD", "IADD3", "PRMT", "IMAD", "IMMA",
-                                                              "I2FP", "FMUL", "FFMA", "LDS", "LDSM")}}
+                                                              "I2FP", "FMUL", "FFMA", "LDS", "LDSM", "LDL")}}
             print(f"bm{bm:2d} {label:6s}", out[f"bm{bm} {label}"], flush=True)
     return out
 
