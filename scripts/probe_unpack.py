@@ -212,6 +212,7 @@ def check():
     from int4lab.kernels import grouped
     from int4lab.kernels.grouped import build_group_tiles, gemm_int4_b32_grouped
     from int4lab.kernels.plan import GroupedPlan
+    from int4lab.format import pack_codes
     torch.manual_seed(0)
     q = torch.randint(-8, 8, (3, 5, 64))
     p = pack_codes(q)
@@ -257,12 +258,6 @@ def check():
     ok &= same
     print("check", "passed" if ok else "FAILED")
     return 0 if ok else 1
-
-
-def pack_codes(q):
-    """int codes -8..7 [..., K] -> int4-b32 bytes (even k low)."""
-    u = (q + 8).to(torch.uint8)
-    return u[..., 0::2] | (u[..., 1::2] << 4)
 
 
 def sass():
