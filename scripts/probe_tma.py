@@ -15,6 +15,9 @@ bits are the tree's.
            step's six tensor-core rows, table plans, and the same with 4 stages or block_k 256
     PYTHONPATH=$PWD python3 scripts/probe_tma.py $OUT          # -> $OUT/probe_v42_tma_h200.json
     python3 scripts/probe_tma.py --check                        # interpreter: the variants give the tree's bits
+--library (once the library has plan.tma, v42b): the MoE step's six tensor-core rows under the table's plans with
+the weights through TMA and with plan.tma off (the threads' loads), alternating over GROUPED_ROUNDS_LIBRARY rounds:
+    PYTHONPATH=$PWD python3 scripts/probe_tma.py $OUT --library   # -> $OUT/probe_v42b_tma_library_h200.json
 """
 import dataclasses
 import json
@@ -31,7 +34,7 @@ DP4A, GMMA = (SRC / "gemv_dp4a.py").read_text(), (SRC / "grouped_mma.py").read_t
 DENSE_STAGES = (2, 3, 4)
 DENSE_SHAPES = ((4096, 14336), (14336, 4096), (28672, 4096), (28672, 8192))
 GROUPED_ROWS = (("mixtral", 16), ("mixtral", 32), ("mixtral", 64), ("olmoe", 32), ("olmoe", 64), ("qwen3", 64))
-DENSE_ROUNDS, GROUPED_ROUNDS = 6, 2
+DENSE_ROUNDS, GROUPED_ROUNDS, GROUPED_ROUNDS_LIBRARY = 6, 2, 3
 
 
 def tma_dense(src, stages):
@@ -221,6 +224,94 @@ def grouped_rows(res, path):
         torch.cuda.empty_cache()
 
 
+def library(out_dir):
+    """v42b: the library's own TMA path (plan.tma) against the same plans with it off, on the six tensor-core rows."""
+    from int4lab.bench import timing
+    from int4lab.kernels.moe import moe_decode_grouped
+    from int4lab.receipts import provenance
+    from int4lab.tune.sweep import grouped_probe_row
+    dev = torch.device("cuda")
+    l2 = timing.l2_bytes()
+    path = Path(out_dir) / ("probe_v42b_bm_h200.json" if "--bm-only" in sys.argv else "probe_v42b_tma_library_h200.json")
+    res = {"provenance": provenance("python3 scripts/probe_tma.py $OUT --library"),
+           "method": "int4lab.bench.timing (median of 20 replays, p10 / p90) of moe_decode_grouped under the table's "
+                     f"plans with plan.tma on and off, and TMA with block_k 256 or the other tile height; alternating, "
+                     f"{GROUPED_ROUNDS_LIBRARY} rounds", "rows": []}
+    for model, T in GROUPED_ROWS:
+        torch.manual_seed(0)
+        x, ids, tw, w, act, nbytes, pp = grouped_probe_row(model, T, dev, l2)
+        # The levers TMA reopens (last measured on the threads' loads): block_k 256 (other bits: fewer K
+        # tiles per split change the fp32 sum order) and the neighbouring tile height (same bits).
+        other_m = {8: 16, 16: 8, 32: 16}
+        variants = {"threads": tuple(dataclasses.replace(p, tma=False) for p in pp), "tma": pp,
+                    "tma_bk256": tuple(dataclasses.replace(p, block_k=256) if p.kind == "mma" else p for p in pp),
+                    "tma_bm_other": tuple(dataclasses.replace(p, block_m=other_m[p.block_m],
+                                                              half_tiles=p.half_tiles and other_m[p.block_m] >= 16)
+                                          if p.kind == "mma" else p for p in pp)}
+        if "--bm-only" in sys.argv:   # the second call: the tile heights alone, after a first that refused 8 rows
+            variants = {k: v for k, v in variants.items() if k in ("tma", "tma_bm_other")}
+        row = {"model": model, "tokens": T, "copies": len(w), "bytes": nbytes, "n_active": act,
+               "plans": {k: [str(p) for p in v] for k, v in variants.items()}, "us": {}}
+        outs = {}
+        row["errors"] = {}
+        for _ in range(GROUPED_ROUNDS_LIBRARY):
+            for label, plans in variants.items():
+                if label in row["errors"]:
+                    continue
+                try:
+                    outs.setdefault(label, moe_decode_grouped(x, ids, tw, *w[0], plan=plans).clone())
+                    s = timing.summarise(timing.time_calls(
+                        [lambda i=i: moe_decode_grouped(x, ids, tw, *w[i], plan=plans) for i in range(len(w))]))
+                except Exception as e:  # a lever plan the tile cannot serve is a result, not the probe's end
+                    row["errors"][label] = f"{type(e).__name__}: {str(e)[:300]}"
+                    continue
+                row["us"].setdefault(label, []).append([round(s["us"], 2), round(s["p10_us"], 2), round(s["p90_us"], 2)])
+        base = outs["threads" if "threads" in outs else "tma"]
+        row["same_bits"] = {k: torch.equal(o.view(torch.int16), base.view(torch.int16))
+                            for k, o in outs.items()}
+        res["rows"].append(row)
+        print(model, T, row["same_bits"], {k: [v[0] for v in vs] for k, vs in row["us"].items()}, flush=True)
+        path.write_text(json.dumps(res, indent=1))
+        del w
+        torch.cuda.empty_cache()
+
+
+THRESHOLD_ROWS = (("mixtral", 4), ("mixtral", 8), ("olmoe", 8), ("olmoe", 16), ("qwen3", 16), ("qwen3", 32))
+
+
+def threshold(out_dir):
+    """v42c: below 4 mean rows per expert, the table's one-row dp4a tile against the 8-row tensor-core tile
+    with TMA (the dispatcher's threshold was measured on the threads' loads)."""
+    from int4lab.kernels.plan import GROUPED_TABLE, resolve_grouped
+    from int4lab.receipts import provenance
+    from int4lab.shapes import MODELS
+    from int4lab.tune.sweep import grouped_probe_row, time_plan_pairs
+    from int4lab.bench import timing
+    dev = torch.device("cuda")
+    l2 = timing.l2_bytes()
+    mma8 = next(p for m, _, p in GROUPED_TABLE["sm90"] if m == 4.0 and p.block_m == 8)
+    path = Path(out_dir) / "probe_v42c_threshold_h200.json"
+    res = {"provenance": provenance("python3 scripts/probe_tma.py $OUT --threshold"),
+           "method": "int4lab.tune.sweep.time_plan_pairs (median of 20 replays, p10 / p90), 3 alternating rounds",
+           "rows": []}
+    for model, T in THRESHOLD_ROWS:
+        torch.manual_seed(0)
+        m = MODELS[model]
+        x, ids, tw, w, act, nbytes, pp = grouped_probe_row(model, T, dev, l2)
+        L, E = T * m.top_k, m.n_experts
+        alt = (resolve_grouped(mma8, 2 * m.intermediate, m.hidden, L, E, dev),
+               resolve_grouped(mma8, m.hidden, m.intermediate, L, E, dev))
+        variants = {"table": pp, "mma8_tma": alt}
+        row = {"model": model, "tokens": T, "mean_rows": L / min(E, L), "bytes": nbytes,
+               "plans": {k: [str(p) for p in v] for k, v in variants.items()},
+               "us": time_plan_pairs(x, ids, tw, w, variants, rounds=3)}
+        res["rows"].append(row)
+        print(model, T, {k: [v[0] for v in vs] for k, vs in row["us"].items()}, flush=True)
+        path.write_text(json.dumps(res, indent=1))
+        del w
+        torch.cuda.empty_cache()
+
+
 def main(out_dir):
     from int4lab.receipts import provenance
     path = Path(out_dir) / "probe_v42_tma_h200.json"
@@ -235,4 +326,9 @@ def main(out_dir):
 
 
 if __name__ == "__main__":
-    sys.exit(check() if "--check" in sys.argv else main(sys.argv[1]))
+    if "--check" in sys.argv:
+        sys.exit(check())
+    if "--threshold" in sys.argv:
+        threshold(sys.argv[1])
+    else:
+        library(sys.argv[1]) if "--library" in sys.argv else main(sys.argv[1])

@@ -377,6 +377,35 @@ def test_grouped_moe_32_row_tiles_same_bits(device, split_k):
     assert counters_all_zero()
 
 
+@pytest.mark.parametrize("split_k,K,block_k", [(1, 352, 128), (2, 352, 128), (3, 512, 128), (2, 512, 256), (1, 96, 128)])
+def test_grouped_mma_tma_same_bits(device, split_k, K, block_k):
+    """plan.tma: the weights through a TensorDescriptor box [block_n, block_k / 2] (v42) give the threads' loads'
+    bits. Ragged N (boxes that run into the next expert's rows, never stored), a K tail inside the last step (K 352),
+    a box wider than the row (K 96 at block_k 128), ragged splits, tiles of fewer rows than block_m, an expert with
+    no rows; a base that is not 16-byte aligned falls back to the threads' loads. Plans TMA cannot serve are refused
+    by name."""
+    E, N, L = 4, 40, 23
+    packed, scales = pack(E, N, K, device)
+    ids = torch.randint(0, E - 1, (L,), dtype=torch.int32).to(device)
+    xq, xs = quant_x_rows(torch.randn(L, K).to(device))
+    nw = 1 if device == "cpu" else 4
+    buf = torch.empty(packed.numel() + 8, dtype=torch.uint8, device=device)
+    shifted = buf[8:].view(packed.shape).copy_(packed)          # 8 bytes off a 16-byte boundary
+    assert shifted.data_ptr() % 16 == 8
+    outs = []
+    for bm, tma, w in ((8, False, packed), (8, True, packed), (16, True, packed), (8, True, shifted)):
+        plan = GroupedPlan(bm, 16, block_k, nw, 1, split_k=split_k, kind="mma", tile_major=True, tma=tma)
+        outs.append(gemm_int4_b32_grouped(xq, xs, w, scales, build_group_tiles(ids, E, bm), plan=plan))
+    assert_close_bf16(outs[0], grouped_ref(xq, xs, packed, scales, ids, N, K))
+    for o in outs[1:]:
+        assert torch.equal(outs[0].view(torch.int16), o.view(torch.int16))
+    assert counters_all_zero()
+    for bad in (GroupedPlan(4, 16, 128, nw, 1, kind="dp4a", tma=True), GroupedPlan(8, 16, 1024, nw, 1, kind="mma", tma=True),
+                GroupedPlan(8, 512, 128, nw, 1, kind="mma", tma=True), GroupedPlan(8, 16, 128, nw, 1, kind="mma", tma=1)):
+        with pytest.raises(ValueError, match="tma"):
+            gemm_int4_b32_grouped(xq, xs, packed, scales, build_group_tiles(ids, E, bad.block_m), plan=bad)
+
+
 @pytest.mark.parametrize("split_k,tile_major,K", [(1, True, 352), (2, False, 352), (3, True, 352), (2, True, 512),
                                                   (1, False, 512)])
 def test_grouped_mma_dp4a_and_tile_order_same_bits(device, split_k, tile_major, K):
@@ -553,16 +582,19 @@ def test_moe_decode_step_dispatch(device, monkeypatch):
     sm90 = dict(generation=lambda _: "sm90")
     with monkeypatch.context() as mp:                   # the H200 rule on the bench's models (notes/perf.md v9)
         mp.setattr(plan_mod, "generation", sm90["generation"])
-        # Mixtral's experts (>= 32 M weights per projection) from 2 mean rows; OLMoE's and Qwen3's from 3 (receipt
-        # 3d32813: at 2 their routed path is faster)
+        # every model from 2 mean rows (v42c: with TMA the 8-row tensor-core tile beats the routed path there)
         assert [plan_mod.moe_grouped(T, 2, 8, "cpu", 4096 * 14336) for T in (1, 4, 8, 16)] == [False, False, True, True]
-        assert [plan_mod.moe_grouped(T, 8, 64, "cpu", 2048 * 1024) for T in (8, 16, 32, 64)] == [False, False, True, True]
-        assert [plan_mod.moe_grouped(T, 8, 128, "cpu", 2048 * 768) for T in (1, 16, 32, 64)] == [False, False, False, True]
+        assert [plan_mod.moe_grouped(T, 8, 64, "cpu", 2048 * 1024) for T in (8, 16, 32, 64)] == [False, True, True, True]
+        assert [plan_mod.moe_grouped(T, 8, 128, "cpu", 2048 * 768) for T in (1, 16, 32, 64)] == [False, False, True, True]
+        assert plan_mod.grouped_from_mean_rows(0, "cpu") == 2.0 and plan_mod.grouped_from_mean_rows(2**25, "cpu") == 2.0
+    with monkeypatch.context() as mp:                   # without TMA (receipt 3d32813): the small models from 3
+        mp.setattr(plan_mod, "generation", lambda _: "sm80")
         assert plan_mod.grouped_from_mean_rows(0, "cpu") == 3.0 and plan_mod.grouped_from_mean_rows(2**25, "cpu") == 2.0
 
 
 def test_grouped_table_rule(monkeypatch):
-    """The H200 grouped table on the bench's models (notes/perf.md v18): dp4a rows below 4 mean rows, then
+    """The H200 grouped table on the bench's models (notes/perf.md v18): dp4a rows below 4 mean rows (below 2 with TMA on sm_90 for
+    experts under 32 M weights, v42c), then
     tensor-core tiles of 8 / 16 / 32 rows, 16 from 4 mean rows for experts of >= 32 M weights (Mixtral)."""
     monkeypatch.setattr(plan_mod, "generation", lambda _: "sm90")
     monkeypatch.setattr(plan_mod, "num_sms", lambda _: 132)
@@ -575,12 +607,23 @@ def test_grouped_table_rule(monkeypatch):
     assert [height(*mixtral_gu, T, 2, 8) for T in (8, 16, 32, 64)] == [("dp4a", 1), ("mma", 16), ("mma", 16),
                                                                          ("mma", 32)]
     assert [height(4096, 14336, T, 2, 8) for T in (16, 32)] == [("mma", 16), ("mma", 16)]    # down: same tiles
-    assert [height(*olmoe_gu, T, 8, 64) for T in (16, 32, 64, 128)] == [("dp4a", 1), ("mma", 8), ("mma", 16),
-                                                                         ("mma", 32)]
+    assert [height(*olmoe_gu, T, 8, 64) for T in (8, 16, 32, 64, 128)] == [("dp4a", 1), ("mma", 8), ("mma", 8),
+                                                                            ("mma", 16), ("mma", 32)]
+    assert height(1536, 2048, 32, 8, 128) == ("mma", 8)             # Qwen3 gate_up at 2 mean rows (v42c)
+    # without TMA (sm_80) the 2-row rows keep the one-row dp4a tile
+    monkeypatch.setattr(plan_mod, "generation", lambda _: "sm80")
+    assert height(*olmoe_gu, 16, 8, 64) == ("dp4a", 1) and height(*olmoe_gu, 32, 8, 64) == ("mma", 8)
+    monkeypatch.setattr(plan_mod, "generation", lambda _: "sm90")
     # a caller's shorter or dp4a tile on a half-loop row drops the half loops instead of being refused
     for over in (dict(block_m=8), dict(block_m=4, kind="dp4a", block_k=512)):
         p = plan_mod.grouped_plan(*mixtral_gu, 64, 8, "cpu", **over)
         assert (p.block_m, p.half_tiles) == (over["block_m"], False)
+    # v42: every tensor-core row loads its weights through TMA; an override TMA cannot serve drops it
+    assert plan_mod.grouped_plan(*mixtral_gu, 64, 8, "cpu").tma
+    assert not plan_mod.grouped_plan(*mixtral_gu, 16, 8, "cpu").tma                     # the dp4a row
+    assert not any(p.tma for _, _, p in plan_mod.GROUPED_TABLE["sm80"])               # no TMA before Hopper
+    assert [plan_mod.grouped_plan(*mixtral_gu, 64, 8, "cpu", **over).tma
+            for over in (dict(kind="dp4a", block_m=4, half_tiles=False), dict(block_k=1024))] == [False, False]
     with pytest.raises(ValueError, match="half_tiles"):
         plan_mod.grouped_plan(*mixtral_gu, 64, 8, "cpu", block_m=8, half_tiles=True)
     # v22: the down GEMM of Mixtral's few N tiles split at 16 and 64 tokens, never gate_up, never OLMoE at 64

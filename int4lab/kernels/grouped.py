@@ -37,6 +37,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._checks import (check_contiguous, check_devices, check_ids, check_out, check_packed, check_rows_contiguous,
                        check_shape, check_tensor, interpreting)
@@ -232,10 +233,14 @@ def gemm_int4_b32_grouped(xq, xs, packed, scales, tiles: GroupTiles, *, rows_per
             tiles.group, out, part, cnt, tw, L, N, E, xq.stride(0) // 4, xs.stride(0), N * K // 8, K // 8,
             N * K // 32, K // 32, USE_ASM=not interpreting(), **common)
     else:
+        # TMA wants a 16-byte aligned base (K / 2 is a multiple of 16 by the format); a view that is not falls back
+        # to the threads' loads, which give the same bits
+        tma = p.tma and packed.data_ptr() % 16 == 0
+        w = TensorDescriptor.from_tensor(packed.view(E * N, K // 2), [p.block_n, p.block_k // 2]) if tma else packed
         grouped_mma_kernel[grid](
-            xq, xs, packed, scales, tiles.order, tiles.row0, tiles.rows, tiles.group, out, part, cnt, tw,
+            xq, xs, w, scales, tiles.order, tiles.row0, tiles.rows, tiles.group, out, part, cnt, tw,
             L, N, E, xq.stride(0), xs.stride(0), N * K // 2, K // 2, N * K // 32, K // 32, USE_ASM=not interpreting(),
-            HALF_TILES=p.half_tiles, **common)
+            HALF_TILES=p.half_tiles, W_TMA=tma, **common)
     return out
 
 

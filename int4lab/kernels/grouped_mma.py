@@ -26,6 +26,13 @@ dot's operands (x and the weights) through shared memory a few steps ahead, but 
 latency each step waited out: -2 to -7 % on the 16- and 32-row tiles and on OLMoE's 8-row tiles, 0 % on
 Qwen3's, same registers (notes/perf.md v30).
 
+Weights through the Tensor Memory Accelerator (v42, plan.tma, sm_90): each step's [BLOCK_N, BLOCK_K / 2] bytes
+arrive as one bulk copy of a TensorDescriptor box into shared memory, issued by one thread and waited on through
+an mbarrier, instead of 128 threads' cp.async copies of 8-16 bytes with their addresses. Same bits, same
+registers and shared memory; the MoE step 21-32 % faster on every tensor-core row (notes/perf.md v42). A box that
+runs past K or past the tensor reads zeros, as the masked loads did; rows past an expert's N are the next
+expert's and are never stored.
+
 Numerics: each block sum is scaled as d * (ws * xs) and accumulated per block column across the K steps,
 and the NB columns are folded once at the end by epilogue.fold_blocks: the grouped dp4a kernel's order,
 so with the same block_k and split_k the two kernels (and the routed GEMV) give the same bits.
@@ -55,7 +62,7 @@ def _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, t
           e, valid, L, N, stride_x, stride_xs, stride_we, KH, stride_se, KB,
           ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, TOPK: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_W: tl.constexpr,
-          USE_ASM: tl.constexpr):
+          USE_ASM: tl.constexpr, W_TMA: tl.constexpr):
     """Rows row0 .. row0 + n_rows - 1 of `order` (n_rows <= BLOCK_M) against expert e's BLOCK_N columns at
     pid_n, K split `split`: the loop, the fold and epilogue.finish_rows."""
     NB: tl.constexpr = BLOCK_K // 32
@@ -70,7 +77,10 @@ def _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, t
     offs_h = tl.arange(0, 16)
     a_rows = x_ptr + xr[None, :, None] * stride_x + offs_c[None, None, :]                    # [1, BM, 32]
     as_rows = xs_ptr + xr[None, :] * stride_xs                                                # [1, BM]
-    w_rows = w_ptr + e * stride_we + offs_n[None, :, None].to(tl.int64) * KH + offs_h[None, None, :]
+    if W_TMA:                              # w_ptr is a TensorDescriptor of [E * N, KH] bytes, box [BN, BLOCK_K / 2]
+        w_row0 = (e * N + pid_n * BLOCK_N).to(tl.int32)
+    else:
+        w_rows = w_ptr + e * stride_we + offs_n[None, :, None].to(tl.int64) * KH + offs_h[None, None, :]
     s_rows = ws_ptr + e * stride_se + offs_n[None, :].to(tl.int64) * KB                       # [1, BN]
     acc = tl.zeros([NB, BLOCK_N, BLOCK_M], dtype=tl.float32)   # per block column, folded after the loop
     # The scales of step i + 1 are loaded during step i: the pipeliner stages only the dot's operands (x, the
@@ -85,7 +95,11 @@ def _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, t
         asc_next = tl.load(as_rows + (kb + NB)[:, None], mask=ahead[:, None] & m_mask[None, :], other=0.0)
         wsc_next = tl.load(s_rows + (kb + NB)[:, None], mask=ahead[:, None] & n_mask[None, :], other=0.0)
         a = tl.load(a_rows + kb[:, None, None] * 32, mask=live[:, None, None] & m_mask[None, :, None], other=0)
-        wb = tl.load(w_rows + kb[:, None, None] * 16, mask=live[:, None, None] & n_mask[None, :, None], other=0)
+        if W_TMA:    # rows past N are the next expert's (never stored), a box past the tensor or K reads zeros
+            wb = tl.permute(tl.reshape(w_ptr.load([w_row0, (split * TILES_PER_SPLIT + i) * (BLOCK_K // 2)]),
+                                       [BLOCK_N, NB, 16]), (1, 0, 2))
+        else:
+            wb = tl.load(w_rows + kb[:, None, None] * 16, mask=live[:, None, None] & n_mask[None, :, None], other=0)
         lo = _codes(wb, 0, USE_ASM)                                     # [NB, BN, 16] codes of even k
         hi = _codes(wb, 4, USE_ASM)                                     # [NB, BN, 16] codes of odd k
         w = tl.interleave(lo, hi)                                       # [NB, BN, 32] codes in k order
@@ -106,14 +120,15 @@ def grouped_mma_kernel(
     # Meta-parameters
     ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, TOPK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_W: tl.constexpr,
-    TILE_MAJOR: tl.constexpr, USE_ASM: tl.constexpr, HALF_TILES: tl.constexpr = False,
+    TILE_MAJOR: tl.constexpr, USE_ASM: tl.constexpr, HALF_TILES: tl.constexpr = False, W_TMA: tl.constexpr = False,
 ):
     """One program owns out[rows of tile, n0 : n0 + BLOCK_N] for K-split `split` (grid: (N tiles, SPLIT_K,
     T), or (T, SPLIT_K, N tiles) when TILE_MAJOR).
 
     x int8 [*, K], xs float32 [*, K/32]; w uint8 [E, N, K/2] (even k low nibble), ws float16 [E, N, K/32];
     KH = K / 2 bytes per weight row, KB = K / 32; BLOCK_K a power of two >= 32. HALF_TILES (BLOCK_M >= 16):
-    a tile of at most BLOCK_M / 2 rows runs the loop of height BLOCK_M / 2.
+    a tile of at most BLOCK_M / 2 rows runs the loop of height BLOCK_M / 2. W_TMA: w_ptr is instead a
+    TensorDescriptor over w viewed as [E * N, KH] with a [BLOCK_N, BLOCK_K / 2] box (the launcher's).
     """
     pid_n, tile, split = grid_ids(TILE_MAJOR)
     n_rows = tl.load(rows_ptr + tile)
@@ -125,8 +140,8 @@ def grouped_mma_kernel(
         if HALF_TILES and n_rows <= BLOCK_M // 2:
             _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr, pid_n, split, row0,
                   n_rows, e, valid, L, N, stride_x, stride_xs, stride_we, KH, stride_se, KB, ROWS_PER_X,
-                  TILES_PER_SPLIT, SPLIT_K, TOPK, BLOCK_M // 2, BLOCK_N, BLOCK_K, HAS_W, USE_ASM)
+                  TILES_PER_SPLIT, SPLIT_K, TOPK, BLOCK_M // 2, BLOCK_N, BLOCK_K, HAS_W, USE_ASM, W_TMA)
         else:
             _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr, pid_n, split, row0,
                   n_rows, e, valid, L, N, stride_x, stride_xs, stride_we, KH, stride_se, KB, ROWS_PER_X,
-                  TILES_PER_SPLIT, SPLIT_K, TOPK, BLOCK_M, BLOCK_N, BLOCK_K, HAS_W, USE_ASM)
+                  TILES_PER_SPLIT, SPLIT_K, TOPK, BLOCK_M, BLOCK_N, BLOCK_K, HAS_W, USE_ASM, W_TMA)

@@ -54,6 +54,7 @@ class GroupedPlan:
     kind: str = "dp4a"           # "dp4a": grouped_dp4a.py; "mma": grouped_mma.py (tensor cores)
     tile_major: bool = False     # grid (tiles, splits, N tiles): an expert's tiles for one N range run together
     half_tiles: bool = False     # mma, block_m >= 16: a tile of at most block_m / 2 rows runs a loop half as tall
+    tma: bool = False            # mma: the weights through a TensorDescriptor (Hopper's TMA; same bits, v42)
 
 
 # Per generation: rows (smallest N * K per expert, smallest R rows, smallest K / N, plan); the first row
@@ -95,29 +96,42 @@ GROUPED_TABLE = {
     # a split lost on the 16-row row (Mixtral 32, OLMoE 64: +0.3 / +7 %), which keeps waves 0.25. The 16- and
     # 32-row tiles run half-height loops for tiles of at most half their rows (v27,
     # data/receipts/probe_v26b_v27_h200.json: Mixtral 16 / 32 / 64 tokens and OLMoE 64 3-4 % faster; at 8 rows a
-    # 16-row tile with half loops lost 3-6 %, so the 8-row tile stays).
+    # 16-row tile with half loops lost 3-6 %, so the 8-row tile stays). Every tensor-core row loads its weights
+    # through TMA (v42, data/receipts/probe_v42_tma_h100.json: the step 21-32 % faster on all six rows, same bits).
+    # With TMA the 8-row tensor-core tile also wins at 2 mean rows on the small experts (v42c,
+    # data/receipts/probe_v42c_threshold_h100.json, on an H100: OLMoE 16 tokens 93.5 against the one-row tile's
+    # 102.0 us, Qwen3 32 145.0 against 169.6), not on Mixtral's (8 tokens 324.5 against 319.6) nor at 1 mean row.
     "sm90": ((0.0, 0, GroupedPlan(block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=2, tile_major=True)),
-             (4.0, 0, GroupedPlan(block_m=8, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
+             (2.0, 0, GroupedPlan(block_m=8, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma", tma=True,
+                                  tile_major=True)),
+             (2.0, 32 * 2**20, GroupedPlan(block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=2,
+                                           tile_major=True)),
+             (4.0, 0, GroupedPlan(block_m=8, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma", tma=True,
                                   tile_major=True)),
              (4.0, 32 * 2**20, GroupedPlan(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3,
-                                           kind="mma", tile_major=True, waves=2.0, half_tiles=True)),
-             (8.0, 0, GroupedPlan(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
+                                           kind="mma", tma=True, tile_major=True, waves=2.0, half_tiles=True)),
+             (8.0, 0, GroupedPlan(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma", tma=True,
                                   tile_major=True, half_tiles=True)),
-             (16.0, 0, GroupedPlan(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma",
+             (16.0, 0, GroupedPlan(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma", tma=True,
                                    tile_major=True, waves=2.0, half_tiles=True))),
     "interp": ((0.0, 0, GroupedPlan(block_m=4, block_n=32, block_k=256, num_warps=1, num_stages=1, waves=1.0,
                                     tile_major=True)),),
 }
-GROUPED_TABLE["sm80"] = GROUPED_TABLE["sm90"]
+# Ampere/Ada have no TMA: the H200 rows with the weights loaded by the threads (the same bits), less the 2-row
+# tensor-core rows, which won only through TMA (on the threads' loads the one-row tile was faster there, v18).
+GROUPED_TABLE["sm80"] = tuple((r, w, dataclasses.replace(p, tma=False)) for r, w, p in GROUPED_TABLE["sm90"]
+                              if r != 2.0)
 # MoE step: from how many mean rows per routed expert (L / min(E, L)) moe_decode_step takes the grouped path
 # instead of the routed GEMVs, per generation: rows (smallest weights per expert projection H * I, mean rows), the
 # first row that applies wins. H200 sweep v9: at 1 mean row the routed path (2 launches against 5) is faster on
 # OLMoE and Qwen3 (8 tokens: 62.5 / 55.8 us against 64.4 / 63.3); from 2 the grouped path won on all three models
 # (v11) until v37b's 64-wide routed down tiles made the routed path faster at 2 mean rows on the small models
 # (receipt 3d32813: OLMoE 16 tokens 91.4 against 94.6 us, Qwen3 32 149.1 against 157.0), while Mixtral's grouped
-# path stays ahead there (8 tokens 275.0 against 307.0). One token is always 1 mean row (routed). The interpreter
-# row exercises both.
-MOE_GROUPED_FROM_MEAN_ROWS = {"sm90": ((32 * 2**20, 2.0), (0, 3.0)), "sm80": ((0, 2.0),), "interp": ((0, 2.0),)}
+# path stays ahead there (8 tokens 275.0 against 307.0). With TMA the grouped path's 8-row tensor-core tile takes
+# the small models' 2-row rows back (v42c on an H100: OLMoE 16 tokens 93.5 against the routed 97.5 us of the same
+# machine's bench, Qwen3 32 145.0 against 161.1), so sm_90 switches at 2 mean rows for every model again. One token
+# is always 1 mean row (routed). The interpreter row exercises both.
+MOE_GROUPED_FROM_MEAN_ROWS = {"sm90": ((0, 2.0),), "sm80": ((32 * 2**20, 2.0), (0, 3.0)), "interp": ((0, 2.0),)}
 # Routed MoE step: the down GEMV is a programmatic dependent launch of the gate_up GEMV (its programs start
 # during gate_up's tail, ask L2 for their first weight tiles, then wait; gemv_dp4a_kernel's PDL) for experts
 # of fewer than this many weights per projection (H * I); 0 = never. H200 (notes/perf.md v21b,
@@ -202,7 +216,8 @@ def _finish(base: GemvPlan, N: int, K: int, R: int, device, split_k: int | None)
 def grouped_plan(N: int, K: int, L: int, E: int, device, split_k: int | None = None, **override) -> GroupedPlan:
     """The grouped plan for L routed rows over E experts of N x K weights: the table row for the mean rows
     per routed expert L / min(E, L) and the weights per expert N * K, `override` fields applied (a row's
-    half_tiles dropped where the override leaves no mma tile of 16 rows or more to halve), split-K from
+    half_tiles dropped where the override leaves no mma tile of 16 rows or more to halve, its tma where it leaves
+    no tile a TMA box can load), split-K from
     `split_k` or the waves rule."""
     mean = L / max(1, min(E, L))
     row = None
@@ -212,6 +227,8 @@ def grouped_plan(N: int, K: int, L: int, E: int, device, split_k: int | None = N
     plan = dataclasses.replace(row, **override)
     if plan.half_tiles and "half_tiles" not in override and (plan.kind != "mma" or plan.block_m < 16):
         plan = dataclasses.replace(plan, half_tiles=False)   # an overridden tile too short or not mma to halve
+    if plan.tma and "tma" not in override and (plan.kind != "mma" or plan.block_n > 256 or plan.block_k > 512):
+        plan = dataclasses.replace(plan, tma=False)          # an overridden tile TMA cannot serve: threads' loads
     return resolve_grouped(plan, N, K, L, E, device, split_k)
 
 
@@ -233,6 +250,9 @@ def resolve_grouped(plan: GroupedPlan | None, N: int, K: int, L: int, E: int, de
                          f"unrolled per program) and block_n >= 1, got {plan}")
     if not isinstance(plan.half_tiles, bool) or (plan.half_tiles and (plan.kind != "mma" or bm < 16)):
         raise ValueError(f"plan.half_tiles is a bool, True only for an mma plan of block_m >= 16, got {plan}")
+    if not isinstance(plan.tma, bool) or (plan.tma and (plan.kind != "mma" or plan.block_n > 256 or bk > 512)):
+        raise ValueError(f"plan.tma is a bool, True only for an mma plan with block_n <= 256 and block_k <= 512 (a "
+                         f"TMA box is at most 256 rows of 256 bytes), got {plan}")
     min_bk = 128 if plan.kind == "dp4a" else 32
     if bk < min_bk or bk & (bk - 1):
         raise ValueError(f"a {plan.kind} grouped plan needs block_k a power of two >= {min_bk}, got {plan}")
