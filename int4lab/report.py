@@ -172,6 +172,18 @@ def best_ours_moe(rec, model: str, rows: int) -> float | None:
     return None if impl is None else _us(rec, impl, model=model, layer="moe", rows=rows)
 
 
+def moe_tile(model: str, tokens: int, generation: str = "sm90"):
+    """The grouped path's gate_up tile (a plan.GroupedPlan, before split-K) for `tokens` tokens of `model` on
+    `generation`: the row of plan.GROUPED_TABLE that plan.grouped_plan takes there, read without a device of that
+    generation (tests/test_bench.py checks the two agree)."""
+    from .kernels import plan
+    m = MODELS[model]
+    L = tokens * m.top_k
+    N, K = 2 * m.intermediate, m.hidden
+    return [p for mean, weights, p in plan.GROUPED_TABLE[generation]
+            if L / max(1, min(m.n_experts, L)) >= mean and N * K >= weights][-1]
+
+
 def moe_table(rec, anchors=()) -> str:
     head = ["model", "tokens", "experts read", "read floor", "int4-b32 routed GEMV", "int4-b32 grouped",
             "best int4 / floor", "bf16 loop", "grouped_mm (bf16)", "llama.cpp Q4_0 routed (recorded)"]

@@ -847,3 +847,17 @@ def test_variants_load_resolves_relative_imports_to_the_tree():
     assert mod.PDL_TILES == 5 and gemv_dp4a.PDL_TILES == 4      # its own module, the tree's untouched
     assert mod.finish_rows is epilogue.finish_rows              # `from .epilogue import` reached the tree's
     assert mod.__name__ == "int4lab.kernels._dp4a_test_variant"
+
+
+@pytest.mark.parametrize("generation", ["sm90", "sm80"])
+def test_moe_tile_is_the_plan_grouped_plan_takes(generation, monkeypatch):
+    """report.moe_tile reads the grouped table without a GPU; on every model and batch it names the tile that
+    plan.grouped_plan picks for the step's gate_up on that generation."""
+    from int4lab.kernels import plan
+    monkeypatch.setattr(plan, "generation", lambda device: generation)
+    monkeypatch.setattr(plan, "num_sms", lambda device: 132)
+    for name, m in shapes.MODELS.items():
+        for T in bench.MOE_TOKENS:
+            want = plan.grouped_plan(2 * m.intermediate, m.hidden, T * m.top_k, m.n_experts, "cpu")
+            got = report.moe_tile(name, T, generation)
+            assert (got.kind, got.block_m, got.block_n, got.tma) == (want.kind, want.block_m, want.block_n, want.tma)
