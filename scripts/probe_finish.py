@@ -16,8 +16,9 @@ counter reset (atomic_xchg, acq_rel by default) adds a fourth: MEMBAR waits for 
 Rows: every dense decode shape whose table plan splits K, and the one-token MoE step of each model (its down GEMV
 combines the top-k rows through the same finish). Variants alternate within each round.
     PYTHONPATH=$PWD python3 scripts/probe_finish.py $OUT        # -> $OUT/probe_v44_finish_<card>.json
-It rewrites the tree as of commit b26ff2f: once the relaxed reset lands (notes/next_tma_grouped.patch), the reset's
-substitution no longer matches and the probe stops with an AssertionError rather than timing the tree twice.
+It rewrites the tree as of commit b26ff2f. The relaxed reset has since landed (with the TMA tile, merge f98b576), so
+on later trees the reset's substitution no longer matches and the probe stops with an AssertionError rather than
+timing the tree twice.
 """
 import json
 import sys
