@@ -466,6 +466,20 @@ def test_moe_decode_paths(device, T, A):
         assert_close_bf16(got, ref)
 
 
+@pytest.mark.parametrize("weight", [0.25, 2.0, -1.0, 0.0])
+def test_moe_top1_applies_the_router_weight(device, weight):
+    """One expert per token: the output is weight * expert(x), on every path and split (a weight of 1 is not
+    implied; the one-row epilogue once stored the expert's row unweighted)."""
+    torch.manual_seed(0)
+    gu = [t.to(device) for t in il.pack_int4_b32(torch.randn(2, 64, 96))]
+    dn = [t.to(device) for t in il.pack_int4_b32(torch.randn(2, 96, 32))]
+    x, ids, tw = torch.randn(1, 96).to(device), torch.tensor([[1]]).to(device), torch.tensor([[weight]]).to(device)
+    ref = moe_decode_ref(x, ids, tw, *gu, *dn)
+    for got in (moe_decode_step(x, ids, tw, *gu, *dn), moe_decode_routed(x, ids, tw, *gu, *dn, split_k=1),
+                moe_decode_routed(x, ids, tw, *gu, *dn, split_k=2), moe_decode_grouped(x, ids, tw, *gu, *dn)):
+        assert torch.equal(got.float().cpu(), ref.bfloat16().float())
+
+
 @pytest.mark.parametrize("split_k,block_m", [(1, 2), (2, 4), (3, 1)])
 def test_grouped_and_routed_moe_same_bits(device, split_k, block_m):
     """Same quantisation points, same K tiling, same fold and combine order: the same bits, with uneven

@@ -71,7 +71,8 @@ def finish_rows(y, valid, r, m_mask, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, 
                 n_mask, SPLIT_K: tl.constexpr, TOPK: tl.constexpr, HAS_W: tl.constexpr):
     """Write one program's float32 results y [BM, BLOCK_N] for rows r [BM] (m_mask: live rows), split `split`.
 
-    SPLIT_K == 1 and TOPK == 1: bf16 straight to out [R, N]. Otherwise: the float32 partials go to
+    SPLIT_K == 1 and TOPK == 1: bf16 straight to out [R, N] (with HAS_W, weighted first: w[r] * bf16(y), the
+    combine of one routed row, rounding as moe_decode_ref). Otherwise: the float32 partials go to
     part [SPLIT_K, R, N]; for each row, the last of the SPLIT_K * TOPK programs of output tile
     (r // TOPK, pid_n) sums them in fixed order into bf16 out [R // TOPK, N]; with HAS_W each row's split
     sum is rounded to bf16 and weighted by w [T, TOPK] (the MoE combine, rounding as moe_decode_ref). cnt
@@ -82,6 +83,9 @@ def finish_rows(y, valid, r, m_mask, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, 
     rr = r.to(tl.int64)
     mask = m_mask[:, None] & n_mask[None, :]
     if SPLIT_K * TOPK == 1:
+        if HAS_W:     # one expert per token: the combine is its router weight alone (a weight of 1 is not implied)
+            w1 = tl.load(tw_ptr + rr, mask=m_mask, other=0.0).to(tl.float32)
+            y = w1[:, None] * to_bf16_rne(y).to(tl.float32)
         tl.store(out_ptr + rr[:, None] * N + offs_n[None, :], to_bf16_rne(y), mask=mask)
     else:
         tl.store(part_ptr + (split * R + rr)[:, None] * N + offs_n[None, :], y, mask=mask)
