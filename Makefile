@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 notebooks: $(STAMP)
-	$(BIN)/python -m int4lab.notebooks
+	$(BIN)/python -m lab.notebooks
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

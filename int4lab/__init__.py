@@ -17,7 +17,8 @@ if "TRITON_INTERPRET" not in _os.environ:
 from .format import (BLOCK, dequant_int4_ref, pack_codes, pack_int4_b32, quant_x_rows_ref,  # noqa: E402
                      unpack_codes)
 from .cutlass_layout import weight_dequantize, weight_quantize  # noqa: E402  (Paddle / TRT-LLM int4 layout)
-from .gptq import HessianAccumulator, gptq_pack_int4_b32, rtn_clip_pack_int4_b32  # noqa: E402
+from .clip import rtn_clip_pack_int4_b32  # noqa: E402
+from .gptq import HessianAccumulator, gptq_pack_int4_b32  # noqa: E402
 from .kernels import (build_group_tiles, gemm_int4_b32_grouped, gemv_int4_b32, int4_linear,  # noqa: E402
                       moe_decode_grouped, moe_decode_step, quant_x_rows, reduce_partials)
 from .paths import DATA, FIGURES, RECEIPTS, ROOT, figure_path  # noqa: E402

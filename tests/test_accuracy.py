@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import int4lab as il
-from int4lab import accuracy
+from lab.chapters import accuracy
 from int4lab.kernels import plan as plan_mod
 from int4lab.kernels.quant import quant_blocks
 

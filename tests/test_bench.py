@@ -7,8 +7,10 @@ import torch
 from conftest import DEVICE
 
 import int4lab as il
-from int4lab import bench, report, shapes
-from int4lab.bench import floor, harness, peers, timing
+from int4lab import shapes
+from lab import bench
+from lab import report
+from lab.bench import floor, harness, peers, timing
 
 # ---- model table and shapes ----------------------------------------------------------------------------
 
@@ -743,9 +745,9 @@ def test_results_block_from_committed_receipts():
 
 def test_receipt_commands_carry_no_machine_paths():
     from int4lab.receipts import portable_command
-    cmd = "python -m int4lab.bench --out /some/machine/dir/decode_h200.json --quick"
-    assert portable_command(cmd) == "python -m int4lab.bench --out …/decode_h200.json --quick"
-    assert portable_command("python -m int4lab.bench --out r.json") == "python -m int4lab.bench --out r.json"
+    cmd = "python -m lab.bench --out /some/machine/dir/decode_h200.json --quick"
+    assert portable_command(cmd) == "python -m lab.bench --out …/decode_h200.json --quick"
+    assert portable_command("python -m lab.bench --out r.json") == "python -m lab.bench --out r.json"
 
 
 def test_floor_kernel_streams_16_byte_loads_on_sm90():
@@ -759,7 +761,7 @@ def test_floor_kernel_streams_16_byte_loads_on_sm90():
         "import re, triton\n"
         "from triton.backends.compiler import GPUTarget\n"
         "from triton.compiler import ASTSource\n"
-        "from int4lab.bench.floor import FLOOR_CONFIGS, read_xor_kernel\n"
+        "from lab.bench.floor import FLOOR_CONFIGS, read_xor_kernel\n"
         "sig = dict(words_ptr='*i32', tail_ptr='*u8', out_ptr='*i32', n_words='i32', n_tail='i32',\n"
         "           BLOCK='constexpr', ITERS='constexpr', HAS_TAIL='constexpr')\n"
         "for block, iters, warps in FLOOR_CONFIGS:\n"
@@ -779,7 +781,7 @@ def test_floor_kernel_streams_16_byte_loads_on_sm90():
 
 
 def test_sweep_shapes_come_from_the_shapes_table():
-    from int4lab.tune import sweep
+    from lab.tune import sweep
     got = sweep.sweep_shapes()
     nk = [(N, K) for _, N, K in got]
     assert len(nk) == len(set(nk)) and set(nk) == {(s.N, s.K) for s in shapes.all_shapes()}
@@ -788,7 +790,7 @@ def test_sweep_shapes_come_from_the_shapes_table():
 
 
 def test_sweep_pick_plan_takes_the_smallest_geometric_mean():
-    from int4lab.tune import sweep
+    from lab.tune import sweep
 
     def variant(us, bn):
         return {"us": us, "plan": {"block_n": bn, "split_k": 4}}
@@ -825,28 +827,6 @@ def test_gemv_summary_ratios_from_a_synthetic_receipt(tmp_path):
     assert qwen["floor"] == 2.5 and qwen["ours"] == 2.0 and qwen["ratio"] == pytest.approx(0.8)
     assert qwen["vs"] == pytest.approx({"bf16": 2.0, "tinygemm": 1.5, "gemlite": 1.75, "llama.cpp": 9.88 / 2.0})
     assert rows[4096, 4096]["vs"] == pytest.approx({"bf16": 8.0 / 9.0})       # ours slower: ratio < 1
-
-
-# ---- probe variants: a kernel's source rewritten and loaded beside the tree's ---------------------------------
-
-
-def test_variants_sub_demands_exactly_one_match():
-    from int4lab.tune import variants
-    assert variants.sub("a b c", "b", "x") == "a x c"
-    with pytest.raises(AssertionError):
-        variants.sub("a b c", "d", "x")                      # a variant of a changed kernel must fail loudly
-    with pytest.raises(AssertionError):
-        variants.sub("b b", "b", "x")
-
-
-def test_variants_load_resolves_relative_imports_to_the_tree():
-    from int4lab.kernels import epilogue, gemv_dp4a
-    from int4lab.tune import variants
-    src = (il.ROOT / "int4lab" / "kernels" / "gemv_dp4a.py").read_text()
-    mod = variants.load(variants.sub(src, "PDL_TILES = 4 ", "PDL_TILES = 5 "), "dp4a_test_variant")
-    assert mod.PDL_TILES == 5 and gemv_dp4a.PDL_TILES == 4      # its own module, the tree's untouched
-    assert mod.finish_rows is epilogue.finish_rows              # `from .epilogue import` reached the tree's
-    assert mod.__name__ == "int4lab.kernels._dp4a_test_variant"
 
 
 @pytest.mark.parametrize("generation", ["sm90", "sm80"])

@@ -4,7 +4,9 @@ import pytest
 import torch
 
 import int4lab as il
+import int4lab.cutlass_converter as cc
 import int4lab.cutlass_layout as cl
+import lab.chapters.tolerance as tolerance
 from int4lab.cutlass_layout import weight_dequantize, weight_quantize
 
 SHAPES = [(64, 8), (128, 24), (192, 40), (256, 136)]          # (K, N): K % 64 == 0, N % 8 == 0
@@ -49,7 +51,7 @@ def test_every_step_moves_each_nibble_once():
                   lambda c: cl.paddle_permute(cl.pack_along_k(c), K),
                   lambda c: cl.paddle_permute(cl.pack_along_k(c), K, "map"),
                   cl.trt_preprocess):
-        labels = cl.trace_labels(stage, K, N)
+        labels = cc.trace_labels(stage, K, N)
         assert torch.equal(torch.sort(labels).values, torch.arange(K * N))
 
 
@@ -77,7 +79,7 @@ def test_permute_kk_arithmetic_matches_its_table():
 
 
 def test_pr_tables_regenerated():
-    t = cl.pr_tables()
+    t = cc.pr_tables()
     # The PR's tables, as printed in its description (the seed text), then our recomputation.
     assert t["converter_output"] == [0, 1, 8, 9, 16, 17, 24, 25, 2, 3, 10, 11, 18, 19, 26, 27,
                                      4, 5, 12, 13, 20, 21, 28, 29, 6, 7, 14, 15, 22, 23, 30, 31]
@@ -108,7 +110,7 @@ def test_fast_dequant_exhaustive_per_nibble():
     for p in range(8):
         base = rng.integers(0, 2 ** 32, size=16, dtype=np.uint64).astype(np.uint32)
         words = (base & ~np.uint32(0xF << (4 * p))) | (np.arange(16, dtype=np.uint32) << np.uint32(4 * p))
-        got = cl.fast_dequant(words)
+        got = cc.fast_dequant(words)
         assert got.dtype == np.float16
         np.testing.assert_array_equal(got, _expected(words))
 
@@ -119,17 +121,17 @@ def test_fast_dequant_all_16bit_halves():
     v = np.arange(2 ** 16, dtype=np.uint32)
     hi = rng.integers(0, 2 ** 16, size=v.size, dtype=np.uint32)
     for words in (v | (hi << np.uint32(16)), hi | (v << np.uint32(16))):
-        np.testing.assert_array_equal(cl.fast_dequant(words), _expected(words))
+        np.testing.assert_array_equal(cc.fast_dequant(words), _expected(words))
 
 
 def test_fast_dequant_wrong_constants_are_wrong():
     words = np.arange(0, 2 ** 32, 2 ** 32 // 4096, dtype=np.uint64).astype(np.uint32)
     ok = _expected(words).astype(np.float32)
     # subtracting 1024 (an unbiased variant's constant) leaves the +8 bias on the bottom nibbles
-    d = cl.fast_dequant(words, sub_magic=0x6400).astype(np.float32) - ok
+    d = cc.fast_dequant(words, sub_magic=0x6400).astype(np.float32) - ok
     assert set(np.unique(d[..., [0, 1, 4, 5]])) == {8.0} and set(np.unique(d[..., [2, 3, 6, 7]])) == {0.0}
     # adding -64 instead of -72 does the same to the top nibbles
-    d = cl.fast_dequant(words, neg_bias=0xD400).astype(np.float32) - ok
+    d = cc.fast_dequant(words, neg_bias=0xD400).astype(np.float32) - ok
     assert set(np.unique(d[..., [2, 3, 6, 7]])) == {8.0}
 
 
@@ -137,8 +139,8 @@ def test_converter_on_the_layout_yields_codes_in_k_order():
     K, N = 128, 16
     codes = rand_codes(K, N)
     words = cl.interleave_codes(codes).reshape(-1).view(torch.int32)       # little-endian 32-bit words
-    halves = torch.from_numpy(cl.fast_dequant(words).astype(np.float32)).reshape(N // 4, K // 64, 4, 64)
-    order = cl.k_order_of_words()                                          # k of the t-th half of a 64-run
+    halves = torch.from_numpy(cc.fast_dequant(words).astype(np.float32)).reshape(N // 4, K // 64, 4, 64)
+    order = cc.k_order_of_words()                                          # k of the t-th half of a 64-run
     for n in range(N):
         for kb in range(K // 64):
             run = halves[n // 4, kb, n % 4]
@@ -146,7 +148,7 @@ def test_converter_on_the_layout_yields_codes_in_k_order():
 
 
 def test_converter_nibble_order():
-    assert cl.converter_nibble_order() == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert cc.converter_nibble_order() == [0, 4, 1, 5, 2, 6, 3, 7]
 
 
 # ------------------------------------------------------------------------------------------- quantiser
@@ -315,21 +317,21 @@ def test_weight_quantize_on_device_matches_cpu(device):
 
 # ------------------------------------------------------------ fragment derivation, bias, int4-b32 transcode
 def test_ldsm_map_follows_from_the_mma_fragment():
-    assert cl.ldsm_perm_from_fragment() == cl.LDSM_PERM
-    assert list(cl.LDSM_PERM) == cl.k_order_of_words()[:32].tolist()
+    assert cc.ldsm_perm_from_fragment() == cl.LDSM_PERM
+    assert list(cl.LDSM_PERM) == cc.k_order_of_words()[:32].tolist()
     # every (k, n) of the 16x8 B tile is held by exactly one (lane, i)
-    held = sorted(cl.mma_b_fragment_k(lane, i) for lane in range(32) for i in range(4))
+    held = sorted(cc.mma_b_fragment_k(lane, i) for lane in range(32) for i in range(4))
     assert held == sorted((k, n) for k in range(16) for n in range(8))
     with pytest.raises(ValueError, match="lane"):
-        cl.mma_b_fragment_k(32, 0)
+        cc.mma_b_fragment_k(32, 0)
 
 
 def test_bias_is_xor_0x88():
     b = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     by_nibble = (((b & 0xF) + 8) & 0xF) | ((((b >> 4) + 8) & 0xF) << 4)
-    assert torch.equal(cl.bias_by_xor(b), by_nibble)
+    assert torch.equal(cc.bias_by_xor(b), by_nibble)
     with pytest.raises(TypeError):
-        cl.bias_by_xor(b.to(torch.int8))
+        cc.bias_by_xor(b.to(torch.int8))
 
 
 @pytest.mark.parametrize("K,N", [(64, 8), (128, 24), (256, 40)])
@@ -364,7 +366,7 @@ def test_int4_b32_to_cutlass_rejects_bad_input():
 
 def test_single_nibble_errors_and_allclose_rule():
     b = np.array([0, -1, 0x7F, -128], dtype=np.int8)
-    bad, err = cl.single_nibble_errors(b)
+    bad, err = tolerance.single_nibble_errors(b)
     assert bad.shape == err.shape == (4, 2, 15)
     u = bad.view(np.uint8).astype(np.int64)
     orig = b.view(np.uint8).astype(np.int64)[:, None, None]
@@ -375,4 +377,4 @@ def test_single_nibble_errors_and_allclose_rule():
     assert not np.any(err == 0)
     # numpy's own rule, element by element
     a, d = np.array([0.0, 3.0, 20.0]), np.array([1.0, 1.0, 5.0])
-    assert np.array_equal(cl.allclose_passes(a, d, 1.5, 2), np.isclose(a, d, rtol=2, atol=1.5))
+    assert np.array_equal(tolerance.allclose_passes(a, d, 1.5, 2), np.isclose(a, d, rtol=2, atol=1.5))

@@ -6,8 +6,8 @@ import random
 import pytest
 from test_bench import GGML_SAMPLE, _synthetic_receipt
 
-from int4lab import report
-from int4lab.bench import decide
+from lab import report
+from lab.bench import decide
 
 
 def test_median_ci_order_statistics():

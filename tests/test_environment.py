@@ -139,8 +139,8 @@ def test_ci_runs_the_readme_test_command():
           if ln.strip() and not ln.strip().startswith("#")]
     assert "make test" in ci, f".ci/run must run `make test` (the README's test command); it runs {ci}"
     assert any(re.search(r"\bpytest\b", cmd) for cmd in _make_recipe("test")), "make test must run pytest"
-    assert any("int4lab.notebooks" in cmd for cmd in _make_recipe("notebooks")), \
-        "make notebooks must run python -m int4lab.notebooks"
+    assert any("lab.notebooks" in cmd for cmd in _make_recipe("notebooks")), \
+        "make notebooks must run python -m lab.notebooks"
 
 
 def test_readme_states_the_test_command():

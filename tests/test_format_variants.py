@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import int4lab as il
-import int4lab.format_variants as fv
+import lab.chapters.format_variants as fv
 from int4lab.format import pack_codes
 from int4lab.q4_0 import int4_b32_to_q4_0
 

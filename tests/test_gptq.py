@@ -1,14 +1,14 @@
-"""GPTQ onto int4-b32 (`int4lab.gptq`) and the notebook-02 calibration helpers (`int4lab.calib`).
+"""GPTQ onto int4-b32 (`int4lab.gptq`) and the notebook-02 calibration helpers (`lab.chapters.calib`).
 
 Shapes stay small (N <= 128, K <= 512): the whole file runs in seconds on a CPU.
 """
 import pytest
 import torch
 
-from int4lab import calib
+from lab.chapters import calib
 from int4lab.format import BLOCK, dequant_int4_ref, pack_codes, pack_int4_b32, unpack_codes
-from int4lab.gptq import (DEFAULT_CLIP_GRID, HessianAccumulator, clip_scales, gptq_pack_int4_b32, gptq_quantize,
-                          rtn_clip_pack_int4_b32)
+from int4lab.clip import DEFAULT_CLIP_GRID, clip_scales, rtn_clip_pack_int4_b32
+from int4lab.gptq import HessianAccumulator, gptq_pack_int4_b32, gptq_quantize
 
 
 def _hessian(x):
@@ -293,7 +293,7 @@ def test_collect_hessians_routes_rows_per_expert():
 # ---- pack-time harness -------------------------------------------------------------------------------
 
 def test_bench_pack_rows_and_cli(capsys):
-    from int4lab import bench_pack
+    from lab import bench_pack
     rows = bench_pack.bench_pack([(32, 64)], "cpu", repeats=1)
     assert [r["impl"] for r in rows] == list(bench_pack.IMPLS)
     assert all(r["N"] == 32 and r["K"] == 64 and r["device"] == "cpu" and r["seconds"] > 0 for r in rows)

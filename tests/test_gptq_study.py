@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-import int4lab.gptq_study as gs
+import lab.chapters.gptq_study as gs
 from int4lab import gptq
 
 

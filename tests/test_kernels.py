@@ -23,7 +23,7 @@ from int4lab.kernels.gemv import X_FLOAT, X_SWIGLU, _launch_gemv, gemv_ref
 from int4lab.kernels.moe import moe_decode_ref
 from int4lab.kernels import plan as plan_mod
 from int4lab.kernels.grouped import MAX_ROUTED_ROWS, build_group_tiles_ref, grouped_ref
-from int4lab.kernels.plan import MMA_PLAN, GemvPlan, GroupedPlan, choose_split_k, resolve
+from int4lab.kernels.plan import GemvPlan, GroupedPlan, choose_split_k, resolve
 from int4lab.kernels.quant import swiglu_quant_rows_ref
 
 BF16_TOL = 2.0 ** -7        # bf16 output rounding is <= 2^-8 relative; the issue's bound is 2^-7 of max|ref|
@@ -158,11 +158,10 @@ def test_gemv_bad_id_guard_gives_nan(device):
 
 
 DP4A_PLAN = GemvPlan(block_n=16, block_k=256, num_warps=4, num_stages=2, waves=1.0)
-MMA_SMALL = dataclasses.replace(MMA_PLAN, block_n=32, num_warps=4)
 
 
-@pytest.mark.parametrize("plan", [DP4A_PLAN, dataclasses.replace(DP4A_PLAN, prefetch=True), MMA_SMALL],
-                         ids=["dp4a", "dp4a_prefetch", "mma"])
+@pytest.mark.parametrize("plan", [DP4A_PLAN, dataclasses.replace(DP4A_PLAN, prefetch=True)],
+                         ids=["dp4a", "dp4a_prefetch"])
 @pytest.mark.parametrize("split_k", [1, 2])
 def test_fused_prologues_equal_separate_kernels(device, split_k, plan):
     """Quantising (or SwiGLU + quantising) inside the GEMV gives the codes of the separate kernels, so the
@@ -185,7 +184,7 @@ def test_fused_prologues_equal_separate_kernels(device, split_k, plan):
     assert counters_all_zero()
 
 
-@pytest.mark.parametrize("plan", [DP4A_PLAN, MMA_SMALL], ids=["dp4a", "mma"])
+@pytest.mark.parametrize("plan", [DP4A_PLAN], ids=["dp4a"])
 def test_one_launch_split_k_equals_reduce_of_its_partials(device, plan):
     """The last-arriving program's sum is reduce_partials' fixed-order sum of the same slots, bit for bit,
     and the arrival counters are back to zero after every call (graph replays need them zero)."""
@@ -223,28 +222,6 @@ def test_fused_combine_equals_combine_rows(device, split_k):
     else:                       # rows' own split-K finish rounds once more: within an ulp of a row
         assert_close_bf16(fused, ref.float())
     assert counters_all_zero()
-
-
-@pytest.mark.parametrize("defer_reduce,block_k", [(False, 512), (True, 512), (False, 256), (True, 256)])
-def test_plan_variants(device, defer_reduce, block_k):
-    """Every launch-plan variant of the MMA teaching kernel computes the same function."""
-    N, K, E = 40, 1536 - 32 * (block_k == 256), 3          # with block_k 256: a K tail inside a tile
-    base = dataclasses.replace(MMA_PLAN, defer_reduce=defer_reduce, block_k=block_k, block_n=32,
-                               num_warps=4)
-    packed, scales = pack(E, N, K, device)
-    xq, xs = quant_x_rows(torch.randn(4, K).to(device))
-    eids = torch.tensor([2, 0, 1, 2], dtype=torch.int32, device=device)
-    ref = gemv_ref(xq, xs, packed, scales, eids, N, K)
-    for sk in (1, 3):
-        out = poison(torch.empty(4, N, dtype=torch.bfloat16, device=device))
-        assert_close_bf16(gemv_int4_b32(xq, xs, packed, scales, eids, N, K, out=out, split_k=sk, plan=base), ref)
-    w = moe_weights(4, 64, 64, device)
-    xm = torch.randn(2, 64).bfloat16().to(device)
-    ids = torch.tensor([[0, 3], [2, 0]], dtype=torch.int32, device=device)
-    tw = torch.rand(2, 2).to(device)
-    ref = moe_decode_ref(xm, ids, tw, *w)
-    for sk in (1, 2):
-        assert_close_bf16(moe_decode_routed(xm, ids, tw, *w, split_k=sk, plan=base), ref)
 
 
 def test_reduce_partials_fixed_order(device):
@@ -368,7 +345,7 @@ def test_grouped_moe_32_row_tiles_same_bits(device, split_k):
     ids = torch.stack([torch.zeros(T, dtype=torch.long), second], 1).int().to(device)
     tw = torch.softmax(torch.randn(T, A), -1).to(device)
     nw = 1 if device == "cpu" else 4
-    routed = moe_decode_routed(x, ids, tw, *w, split_k=split_k, fused=False,
+    routed = moe_decode_routed(x, ids, tw, *w, split_k=split_k,
                                plan=GemvPlan(block_n=32, block_k=128, num_warps=nw, num_stages=1, waves=1.0))
     grouped = moe_decode_grouped(x, ids, tw, *w, split_k=split_k,
                                  plan=GroupedPlan(32, 32, 128, nw, 1, kind="mma", tile_major=True, half_tiles=True))
@@ -538,45 +515,6 @@ def test_routed_gemv_row_major_grid_same_bits(device, split_k, x_mode):
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
     assert not outs[1].isnan().any()
     assert counters_all_zero()
-
-
-@pytest.mark.parametrize("T,split_k", [(1, 1), (1, 2), (4, 2)])
-def test_moe_one_launch_same_bits_as_two(device, T, split_k):
-    """The one-launch step (moe_fused.py) runs the same tiles as the two GEMVs: the same bits, with ragged N
-    tiles (H not a multiple of block_n), split-K in both projections (arrival counters of both and the
-    tickets / ready counters zero afterwards), one token (N tiles first) and several (rows first), two rows
-    of one expert, twice in a row (the counters reset for the next call), and poisoned workspaces between."""
-    E, H, I, A = 4, 288, 256, 2
-    w = moe_weights(E, H, I, device)
-    x = torch.randn(T, H).bfloat16().to(device)
-    ids = torch.tensor([[2, 0], [0, 2], [1, 3], [3, 0]][:T], dtype=torch.int32, device=device)
-    tw = torch.softmax(torch.randn(T, A), -1).to(device)
-    nw = 1 if device == "cpu" else 4
-    plan = GemvPlan(block_n=64, block_k=128, num_warps=nw, num_stages=1, waves=1.0)
-    two = moe_decode_routed(x, ids, tw, *w, split_k=split_k, plan=plan, fused=False)
-    for _ in range(2):
-        for part, _cnt in gemv_mod._WORKSPACES.values():
-            poison(part)
-        one = moe_decode_routed(x, ids, tw, *w, split_k=split_k, plan=plan, fused=True)
-        assert torch.equal(one.view(torch.int16), two.view(torch.int16))
-        assert counters_all_zero()
-    assert not one.isnan().any()
-
-
-def test_moe_one_launch_falls_back_when_tiles_differ(device, monkeypatch):
-    """Plans whose tiles differ between gate_up and down cannot share one grid: the two launches run."""
-    from int4lab.kernels import moe as moe_mod
-    calls = []
-    monkeypatch.setattr(moe_mod, "_moe_fused", lambda *a, **k: calls.append("fused"))
-    w = moe_weights(4, 64, 64, device)
-    x, ids, tw = torch.randn(1, 64, device=device), torch.tensor([[0, 1]], device=device), torch.rand(1, 2, device=device)
-    moe_mod.moe_decode_routed(x, ids, tw, *w, fused=True, plan=dataclasses.replace(MMA_PLAN, block_k=512))
-    assert calls == []
-    # one dp4a plan for both GEMVs (the table may give them different tiles: on sm_90 a routed GEMV with K < N
-    # runs 64-wide tiles, so this tiny gate_up and down differ there)
-    shared = dataclasses.replace(gemv_plan(64, 64, 2, device), split_k=None)
-    moe_mod.moe_decode_routed(x, ids, tw, *w, fused=True, plan=shared)
-    assert calls == ["fused"]
 
 
 def test_moe_decode_step_dispatch(device, monkeypatch):
@@ -802,24 +740,19 @@ def test_cuda_graph_capture_matches_eager(device):
     xs_ = torch.randn(3, 4, H, device=device).bfloat16()
     ids3 = torch.tensor([[0, 2], [2, 3], [1, 0]], dtype=torch.int32, device=device)
     tw3 = torch.rand(3, 2, device=device)
-    v2 = dataclasses.replace(MMA_PLAN, defer_reduce=True)
     eager = [moe_decode_routed(x, ids, tw, *w, split_k=2), moe_decode_step(x, ids, tw, *w),
-             moe_decode_grouped(xs_[:, 0].contiguous(), ids3, tw3, *w), moe_decode_routed(x, ids, tw, *w, plan=v2),
-             moe_decode_routed(x, ids, tw, *w, split_k=2, fused=True)]
+             moe_decode_grouped(xs_[:, 0].contiguous(), ids3, tw3, *w)]
     x3 = xs_[:, 0].contiguous()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):                      # warm up (compiles) outside the capture
         moe_decode_routed(x, ids, tw, *w, split_k=2)
         moe_decode_grouped(x3, ids3, tw3, *w)
-        moe_decode_routed(x, ids, tw, *w, plan=v2)
-        moe_decode_routed(x, ids, tw, *w, split_k=2, fused=True)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         outs = [moe_decode_routed(x, ids, tw, *w, split_k=2), moe_decode_step(x, ids, tw, *w),
-                moe_decode_grouped(x3, ids3, tw3, *w), moe_decode_routed(x, ids, tw, *w, plan=v2),
-                moe_decode_routed(x, ids, tw, *w, split_k=2, fused=True)]
+                moe_decode_grouped(x3, ids3, tw3, *w)]
     for o in outs:
         poison(o)
     g.replay()
@@ -831,7 +764,6 @@ def test_cuda_graph_capture_matches_eager(device):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(outs[0].view(torch.int16), moe_decode_routed(x, ids, tw, *w, split_k=2).view(torch.int16))
-    assert torch.equal(outs[4].view(torch.int16), outs[0].view(torch.int16))      # one launch: the same bits
     ids3.copy_(torch.tensor([[3, 2], [3, 2], [3, 0]], device=device))   # new routing, same grouped graph
     g.replay()
     torch.cuda.synchronize()

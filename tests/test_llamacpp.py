@@ -1,4 +1,4 @@
-"""llama.cpp as judge (int4lab.llamacpp): token windows, the paired bootstrap, the Q8_0 emulation, and —
+"""llama.cpp as judge (lab.llamacpp): token windows, the paired bootstrap, the Q8_0 emulation, and —
 where llama-cpp-python is installed — llama.cpp itself scoring our exported GGUF files on our token ids."""
 import math
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import int4lab as il
-from int4lab import export, llamacpp
+from int4lab import export
+from lab import llamacpp
 from int4lab.corpus import load_split
 
 needs_llama = pytest.mark.skipif(not llamacpp.have_llama_cpp(),

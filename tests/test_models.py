@@ -9,7 +9,7 @@ import torch
 
 from int4lab.corpus import load_split
 from int4lab.models import ARCHS, TOKENIZER_DIR, expert_shapes, load_tiny, load_tokenizer, model_dir, tiny_config
-from int4lab.models import train as tr
+from lab import train as tr
 from int4lab.paths import RECEIPTS
 
 # "Far below the unigram baseline": a model that only knew token frequencies would score the unigram
@@ -122,7 +122,7 @@ def test_unknown_arch_is_refused_everywhere(bad, tmp_path):
 
 
 def test_load_tiny_missing_checkpoint_and_bad_dtype(tmp_path):
-    with pytest.raises(FileNotFoundError, match="models.train --arch olmoe"):
+    with pytest.raises(FileNotFoundError, match="lab.train --arch olmoe"):
         load_tiny("olmoe", root=tmp_path)
     with pytest.raises(TypeError, match="dtype"):
         load_tiny("olmoe", dtype=torch.int8, root=tmp_path)
@@ -194,7 +194,7 @@ def test_three_step_cpu_training_gives_loadable_checkpoint_and_receipt(tmp_path)
 
 def _committed(arch):
     if not (model_dir(arch) / "model.safetensors").exists():
-        pytest.skip(f"no committed checkpoint for {arch}: train with python -m int4lab.models.train")
+        pytest.skip(f"no committed checkpoint for {arch}: train with python -m lab.train")
     return json.loads((RECEIPTS / f"train_{arch}.json").read_text())
 
 

@@ -8,7 +8,7 @@ import time
 import nbformat
 import pytest
 
-from int4lab.notebooks import find_notebooks, run_notebook
+from lab.notebooks import find_notebooks, run_notebook
 
 NOTEBOOKS = find_notebooks()
 CELL_TIMEOUT_S = 600        # one cell in the quick setting; a hang fails here instead of stalling CI

@@ -361,7 +361,7 @@ def test_quantize_model_lottery_ticket_reports_its_seed():
 
 def test_one_hessian_hook_serves_quantize_and_calib():
     # calib.collect_hessians (chapter 02) is the same hook GPTQ calibrates with: same keys, same rows.
-    from int4lab import calib as C
+    from lab.chapters import calib as C
     m = tiny_model("qwen3_moe")
     ids = torch.randint(0, 256, (2, 16))
     accs = C.collect_hessians(m, [ids])

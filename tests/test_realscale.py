@@ -6,8 +6,9 @@ import json
 import pytest
 import torch
 
-from int4lab import gate, realscale, shapes
-from int4lab.models import synth
+from int4lab import gate, shapes
+from lab import realscale
+from lab import synth
 
 from test_quantize import tiny_model
 

@@ -11,8 +11,8 @@ def test_decode_receipt_measured_the_current_kernel_sources():
     assert measured is not None, f"{DECODE.name} carries no kernel_sources_sha256: re-run the bench on a GPU"
     assert measured == kernel_sources_hash(), (
         f"{DECODE.name} measured other kernel sources than {KERNEL_SOURCES}/ holds now (receipt {measured[:12]}, "
-        f"tree {kernel_sources_hash()[:12]}): re-run `python -m int4lab.bench` on a GPU when the kernels change, "
-        "then `python -m int4lab.report --readme README.md` and notebook 05")
+        f"tree {kernel_sources_hash()[:12]}): re-run `python -m lab.bench` on a GPU when the kernels change, "
+        "then `python -m lab.report --readme README.md` and notebook 05")
 
 
 def test_kernel_sources_hash_sees_every_kernel_file(tmp_path):

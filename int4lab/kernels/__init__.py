@@ -4,7 +4,7 @@ Shape legend: E = experts, N = out features, K = in features, R = activation row
 
     quant_x_rows          x [R, K] -> int8 codes + float32 per-32 scales (bit-identical to the reference)
     gemv_int4_b32         routed W4A8 GEMV on int8 codes: exact int32 block dots with dp4a, split-K
-                          finished in the same launch (gemv.py launches; gemv_dp4a.py / gemv_mma.py kernels)
+                          finished in the same launch (gemv.py launches the gemv_dp4a.py kernel)
     int4_linear           dense layer, one launch: act="int8" (W4A8, x quantised inside the GEMV) or
                           act="bf16" (W4A16, weights decoded in registers: gemv_w4a16.py)
     reduce_partials       a split-K reduce as its own launch, fixed summation order (reduce.py)

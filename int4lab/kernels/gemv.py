@@ -6,8 +6,7 @@ T = output rows, A = rows combined into one output row (MoE top-k, else 1).
     gemv_int4_b32(xq, xs, packed, scales, eids, N, K)   routed W4A8 on int8 codes      -> bf16 [R, N]
     int4_linear(x, packed, scales, act)                  dense W4A8 / W4A16 on float x  -> bf16 [..., N]
 
-Variants (plan.kind): "dp4a" (gemv_dp4a.py) is every plan-table row; "mma" (gemv_mma.py) is the tensor-core
-teaching variant, used only when a plan names it. act="bf16" runs gemv_w4a16.py. Every W4A8 call is ONE
+W4A8 runs gemv_dp4a.py (every plan-table row); act="bf16" runs gemv_w4a16.py. Every W4A8 call is ONE
 launch: the activation is quantised inside the GEMV (quant.quant_blocks, the codes of quant_x_rows) and
 split-K partials are finished by the last-arriving program (epilogue.finish_rows).
 
@@ -25,7 +24,6 @@ from .._checks import (FLOAT_DTYPES, check_contiguous, check_devices, check_ids,
                        check_packed, check_rows_contiguous, check_shape, check_tensor, interpreting)
 from . import plan as _plan
 from .gemv_dp4a import PDL_TILES, X_CODES, X_FLOAT, X_SWIGLU, gemv_dp4a_kernel
-from .gemv_mma import gemv_int4_b32_kernel
 from .gemv_w4a16 import W4A16_BLOCK_K, W4A16_BLOCK_N, gemv_w4a16_kernel
 
 __all__ = ["gemv_int4_b32", "int4_linear", "gemv_ref", "X_CODES", "X_FLOAT", "X_SWIGLU"]
@@ -55,8 +53,8 @@ def _launch_gemv(x, xs, packed, scales, eids, N, K, R, *, out=None, part=None, s
     gate | up rows (X_SWIGLU); row r reads x row r // rows_per_x. topk_w [T, A]: out row t is the
     router-weighted sum of rows t*A .. t*A + A - 1 (the MoE combine, finished in the same launch).
     `part` [SK, R, N] float32 may be given (its first dim then sets split-K); else the cached workspace.
-    pdl (dp4a only): 1 = the next launch may overlap this one's tail, 2 = this launch is that next launch
-    (gemv_dp4a_kernel's PDL); 0 = neither. Ignored in the interpreter. row_major (dp4a only): the grid runs
+    pdl: 1 = the next launch may overlap this one's tail, 2 = this launch is that next launch
+    (gemv_dp4a_kernel's PDL); 0 = neither. Ignored in the interpreter. row_major: the grid runs
     every row of one N range together (gemv_dp4a_kernel's ROW_MAJOR); same bits either way.
     """
     dev = x.device
@@ -79,7 +77,6 @@ def _launch_gemv(x, xs, packed, scales, eids, N, K, R, *, out=None, part=None, s
             check_contiguous(part=part)
     else:
         part = cnt = out
-    row_major = row_major and p.kind == "dp4a"
     grid = (R, sk, n_tiles) if row_major else (n_tiles, sk, R)
     common = dict(X_MODE=x_mode, ROWS_PER_X=rows_per_x, TILES_PER_SPLIT=triton.cdiv(triton.cdiv(K, p.block_k), sk),
                   SPLIT_K=sk, TOPK=A, BLOCK_N=p.block_n, BLOCK_K=p.block_k, HAS_EIDS=eids is not None,
@@ -87,20 +84,14 @@ def _launch_gemv(x, xs, packed, scales, eids, N, K, R, *, out=None, part=None, s
                   num_stages=p.num_stages)
     ids = eids if eids is not None else out
     tw = topk_w if topk_w is not None else out
-    if p.kind == "dp4a":
-        words = x_mode == X_CODES          # codes are read 4 to a word; floats as they are
-        gemv_dp4a_kernel[grid](
-            x.view(torch.int32) if words else x, xs if xs is not None else x, packed.view(torch.int32), scales,
-            ids, out, part, cnt, tw, R, N, K, packed.shape[0], x.stride(0) // 4 if words else x.stride(0),
-            xs.stride(0) if xs is not None else 0, N * K // 8, K // 8, N * K // 32, K // 32,
-            PREFETCH=p.prefetch, PDL=0 if interpreting() else pdl, ROW_MAJOR=row_major,
-            PF_TILES=min(common["TILES_PER_SPLIT"], PDL_TILES) if pdl == 2 else 0, **common,
-            **({"launch_pdl": True} if pdl == 2 and not interpreting() else {}))
-    else:
-        gemv_int4_b32_kernel[grid](
-            x, xs if xs is not None else x, packed, scales, ids, out, part, cnt, tw,
-            R, N, K, packed.shape[0], x.stride(0), xs.stride(0) if xs is not None else 0,
-            DEFER_REDUCE=p.defer_reduce, NB_PAD=max(16, p.block_k // 32), **common)
+    words = x_mode == X_CODES          # codes are read 4 to a word; floats as they are
+    gemv_dp4a_kernel[grid](
+        x.view(torch.int32) if words else x, xs if xs is not None else x, packed.view(torch.int32), scales,
+        ids, out, part, cnt, tw, R, N, K, packed.shape[0], x.stride(0) // 4 if words else x.stride(0),
+        xs.stride(0) if xs is not None else 0, N * K // 8, K // 8, N * K // 32, K // 32,
+        PREFETCH=p.prefetch, PDL=0 if interpreting() else pdl, ROW_MAJOR=row_major,
+        PF_TILES=min(common["TILES_PER_SPLIT"], PDL_TILES) if pdl == 2 else 0, **common,
+        **({"launch_pdl": True} if pdl == 2 and not interpreting() else {}))
     return out
 
 

@@ -7,8 +7,8 @@ A = rows combined into one output row (top-k of the MoE down projection, else 1)
 
 Exact int32 sum per 32-block (|sum| <= 32 * 127 * 8 < 2**15), float32 across blocks, one bf16 rounding.
 Why dp4a and not the tensor cores: a batch-1 GEMV has one activation row, so an MMA would waste 15/16 of
-its work and its operand shuffles cost registers (gemv_mma.py keeps that variant, measured in
-notes/perf.md); llama.cpp's Q4_0 kernels, on the same 32-block grid, use dp4a on the integer pipe.
+its work and its operand shuffles cost registers (a tensor-core GEMV was measured slower and removed;
+notes/kernels.md); llama.cpp's Q4_0 kernels, on the same 32-block grid, use dp4a on the integer pipe.
 
 One launch per GEMV:
   * the activation arrives as int8 codes (X_MODE 0), as float rows quantised here (X_MODE 1), or as the
@@ -150,7 +150,7 @@ def gemv_tile(
     PF_TILES: tl.constexpr,
 ):
     """The work of one program of gemv_dp4a_kernel: out[r, pid_n tile] for K-split `split` (arguments as
-    there; WAIT_PDL: the PDL == 2 prologue). The one-launch MoE step (moe_fused.py) runs it twice."""
+    there; WAIT_PDL: the PDL == 2 prologue)."""
     BLOCK_W: tl.constexpr = BLOCK_K // 8          # weight words per row per tile
     NB: tl.constexpr = BLOCK_K // 32              # scale blocks per tile
     e, valid = routed_expert(eid_ptr, r, E, HAS_EIDS)

@@ -34,11 +34,10 @@ import triton
 import triton.language as tl
 
 from .._checks import (FLOAT_DTYPES, check_contiguous, check_devices, check_ids, check_out, check_packed,
-                       check_shape, check_tensor, interpreting)
+                       check_shape, check_tensor)
 from . import plan as _plan
 from .epilogue import to_bf16_rne
-from .gemv import X_FLOAT, X_SWIGLU, _launch_gemv, _workspace
-from .moe_fused import moe_fused_kernel
+from .gemv import X_FLOAT, X_SWIGLU, _launch_gemv
 from .grouped import build_group_tiles, gemm_int4_b32_grouped
 from .quant import quant_x_rows, swiglu_quant_rows
 
@@ -131,28 +130,18 @@ def moe_decode_step(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_pa
 
 
 def moe_decode_routed(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales,
-                      *, split_k=None, plan=None, pdl=None, fused=None):
+                      *, split_k=None, plan=None, pdl=None):
     """moe_decode_step's contract through two routed GEMVs (module doc). `split_k` applies to both GEMVs
     (None: the launch plan's choice per shape); `plan` (a GemvPlan) overrides the table row; `pdl` (None:
-    plan.moe_pdl: experts below a size) launches down as a programmatic dependent of gate_up (same bits);
-    `fused` (None: plan.moe_fused) runs both GEMVs in one launch (moe_fused.py; same bits), when both
-    projections' plans share their tile (block_n, block_k, warps, dp4a), else the two launches run."""
+    plan.moe_pdl: experts below a size) launches down as a programmatic dependent of gate_up (same bits)."""
     T, H, I, E = _check_moe(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales)
     A = topk_ids.shape[1]
     L = T * A
     eids = topk_ids.reshape(-1)
     dev = x.device
-    fused = _plan.moe_fused(dev) if fused is None else bool(fused)
     # Several tokens: their rows share experts, so every row of one N range runs at once (row-major grid) and
     # an expert's bytes come from DRAM about once. One token: each row has its own expert; N tiles first.
     rm = T > 1
-    if fused:
-        p_gu = _plan.resolve(plan, 2 * I, H, L, dev, split_k)
-        p_dn = _plan.resolve(plan, H, I, L, dev, split_k)
-        tile = ("block_n", "block_k", "num_warps", "kind", "prefetch")
-        if p_gu.kind == "dp4a" and all(getattr(p_gu, f) == getattr(p_dn, f) for f in tile):
-            return _moe_fused(x, eids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales,
-                              p_gu, p_dn, rm)
     pdl = _plan.moe_pdl(dev, H * I) if pdl is None else bool(pdl)
     # gate_up: row r = t*A + j reads token t (r // A), quantised in the GEMV's prologue.
     h = _launch_gemv(x, None, gate_up_packed, gate_up_scales, eids, 2 * I, H, L, x_mode=X_FLOAT, rows_per_x=A,
@@ -160,37 +149,6 @@ def moe_decode_routed(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_
     # down: SwiGLU + quantisation of h in the prologue; the combine in the last-arriving program's epilogue.
     return _launch_gemv(h, None, down_packed, down_scales, eids, H, I, L, x_mode=X_SWIGLU, topk_w=topk_w,
                         split_k=split_k, plan=plan, pdl=2 if pdl else 0, row_major=rm)
-
-
-def _moe_fused(x, eids, topk_w, gu_p, gu_s, dn_p, dn_s, p_gu, p_dn, rows_first):
-    """The routed step as one launch of moe_fused_kernel (inputs validated; plans share their tile)."""
-    T, H = x.shape
-    L, A = eids.shape[0], topk_w.shape[1]
-    I, E = gu_p.shape[1] // 2, gu_p.shape[0]
-    dev = x.device
-    out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
-    if L == 0:
-        return out
-    h = torch.empty(L, 2 * I, dtype=torch.bfloat16, device=dev)
-    bn, bk = p_gu.block_n, p_gu.block_k
-    nt_gu, nt_dn = triton.cdiv(2 * I, bn), triton.cdiv(H, bn)
-    sk_gu, sk_dn = p_gu.split_k, p_dn.split_k
-    n_gu_part, n_gu_cnt = (sk_gu * L * 2 * I, L * nt_gu) if sk_gu > 1 else (0, 0)
-    part, cnt = _workspace(dev, n_gu_part + sk_dn * L * H, n_gu_cnt + T * nt_dn + 2 + L)
-    gu_part, dn_part = part[:n_gu_part] if n_gu_part else out, part[n_gu_part:]
-    gu_cnt, dn_cnt = cnt[:n_gu_cnt] if n_gu_cnt else out, cnt[n_gu_cnt:n_gu_cnt + T * nt_dn]
-    sync = cnt[n_gu_cnt + T * nt_dn:]
-    grid = (L * (sk_gu * nt_gu + sk_dn * nt_dn),)
-    moe_fused_kernel[grid](
-        x, gu_p.view(torch.int32), gu_s, dn_p.view(torch.int32), dn_s, eids, topk_w, h, out,
-        gu_part, gu_cnt, dn_part, dn_cnt, sync, L, H, I, E, x.stride(0),
-        2 * I * H // 8, H // 8, 2 * I * H // 32, H // 32, H * I // 8, I // 8, H * I // 32, I // 32,
-        TOPK=A, GU_TILES_PER_SPLIT=triton.cdiv(triton.cdiv(H, bk), sk_gu), GU_SPLIT=sk_gu,
-        DN_TILES_PER_SPLIT=triton.cdiv(triton.cdiv(I, bk), sk_dn), DN_SPLIT=sk_dn, BLOCK_N=bn, BLOCK_K=bk,
-        PREFETCH=p_gu.prefetch, USE_ASM=not interpreting(), ROWS_FIRST=rows_first,
-        RESET_BLOCK=triton.next_power_of_2(L),
-        num_warps=p_gu.num_warps, num_stages=p_gu.num_stages)
-    return out
 
 
 def moe_decode_grouped(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales,

@@ -27,18 +27,13 @@ MAX_SPLIT_K = 16
 @dataclasses.dataclass(frozen=True)
 class GemvPlan:
     """Meta-parameters of one `gemv_int4_b32` launch."""
-    block_n: int        # output features per program (mma: the MMA's M side, >= 16)
-    block_k: int        # K per loop step. dp4a: a power of two >= 128; mma: 256 or a multiple of 512 (its
-    #                     K/32 scale blocks, padded to 16, are the MMA's N side)
+    block_n: int        # output features per program
+    block_k: int        # K per loop step, a power of two >= 128
     num_warps: int
     num_stages: int     # software pipelining depth of the weight loads
     waves: float        # target programs per SM when choosing split-K
     split_k: int | None = None   # None: chosen by gemv_plan from `waves`
-    kind: str = "dp4a"           # "dp4a": gemv_dp4a.py, integer pipe (every table row); "mma":
-    #                              gemv_mma.py, the tensor-core teaching variant
-    prefetch: bool = False       # dp4a: load tile i + 1's weights before tile i's arithmetic
-    defer_reduce: bool = False   # mma: [block_n, 16] float32 partials reduced once after the K loop, codes
-    #                              decoded signed (notes/perf.md, v2)
+    prefetch: bool = False       # load tile i + 1's weights before tile i's arithmetic
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +73,6 @@ GEMV_TABLE = {
 }
 # Ampere/Ada have the same dp4a instruction; these rows are the H200's, not measured on those chips.
 GEMV_TABLE["sm80"] = GEMV_TABLE["sm90"]
-# The tensor-core teaching variant (gemv_mma.py), in no table row; its best H200 configuration (v1).
-MMA_PLAN = GemvPlan(block_n=128, block_k=512, num_warps=8, num_stages=3, waves=4.0, kind="mma")
 # Grouped GEMV: rows (smallest mean rows per routed expert, smallest N * K per expert, plan), the last row that
 # applies wins. The mean L / min(E, L) is known before the routing (tokens, top-k, E), so the choice is
 # capture-legal.
@@ -140,9 +133,6 @@ MOE_GROUPED_FROM_MEAN_ROWS = {"sm90": ((0, 2.0),), "sm80": ((32 * 2**20, 2.0), (
 # pair (its 512 down programs each ask L2 for 4 tiles, 32 MB, while gate_up still streams).
 # griddepcontrol is sm_90 PTX; the interpreter has no launches to overlap.
 MOE_PDL_BELOW_WEIGHTS = {"sm90": 32 * 2**20, "sm80": 0, "interp": 0}
-# Routed MoE step in one launch (moe_fused.py: down programs wait for their row of h) instead of two. Off
-# until an H200 probe shows it faster (notes/perf.md v17); the interpreter runs it in the tests.
-MOE_FUSED = {"sm90": False, "sm80": False, "interp": False}
 # Elementwise kernels (activation quantisation, SwiGLU, combine, reduce): columns per program.
 ROW_BLOCK = {"sm90": 1024, "sm80": 1024, "interp": 256}
 
@@ -197,13 +187,8 @@ def resolve(plan: GemvPlan | None, N: int, K: int, R: int, device, split_k: int 
 
 
 def _finish(base: GemvPlan, N: int, K: int, R: int, device, split_k: int | None) -> GemvPlan:
-    if base.kind not in ("mma", "dp4a"):
-        raise ValueError(f"plan.kind must be 'mma' or 'dp4a', got {base.kind!r}")
-    if base.kind == "dp4a":
-        if base.block_k < 128 or base.block_k & (base.block_k - 1) or base.block_n < 1:
-            raise ValueError(f"a dp4a plan needs block_k a power of two >= 128 and block_n >= 1, got {base}")
-    elif (base.block_k != 256 and base.block_k % 512) or base.block_n < 16:
-        raise ValueError(f"an mma plan needs block_k = 256 or a multiple of 512, and block_n >= 16, got {base}")
+    if base.block_k < 128 or base.block_k & (base.block_k - 1) or base.block_n < 1:
+        raise ValueError(f"a GEMV plan needs block_k a power of two >= 128 and block_n >= 1, got {base}")
     k_tiles = -(-K // base.block_k)
     if split_k is None:
         n_programs = -(-N // base.block_n) * R
@@ -284,11 +269,6 @@ def moe_pdl(device, weights_per_expert: int) -> bool:
     """Whether moe_decode_routed launches its down GEMV as a programmatic dependent of gate_up, for experts of
     `weights_per_expert` (H * I) weights per projection: below MOE_PDL_BELOW_WEIGHTS of the generation."""
     return weights_per_expert < MOE_PDL_BELOW_WEIGHTS[generation(device)]
-
-
-def moe_fused(device) -> bool:
-    """Whether moe_decode_routed runs as one launch (moe_fused.py) rather than two GEMVs."""
-    return MOE_FUSED[generation(device)]
 
 
 def row_block(device) -> int:

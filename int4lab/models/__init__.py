@@ -31,7 +31,7 @@ Mixtral `model.layers.{L}.block_sparse_moe.experts.{e}.{w1,w3,w2}.weight` (w1 = 
 safetensors file.
 
 Checkpoints: data/models/<arch>/{config.json, generation_config.json, model.safetensors} (bf16), trained
-by `python -m int4lab.models.train`, with receipts data/receipts/train_<arch>.json (loss curve, validation
+by `python -m lab.train`, with receipts data/receipts/train_<arch>.json (loss curve, validation
 perplexity against the unigram baseline, device, versions, sha256 of the files). The tokenizer is not
 copied into them: give lm-eval `tokenizer=<data/tokenizer>` or `HFLM(pretrained=model, tokenizer=load_tokenizer())`.
 """

@@ -31,7 +31,7 @@ def load_tiny(arch: str, dtype: torch.dtype = torch.float32, device="cpu", root=
     path = model_dir(arch, root)
     if not (path / "config.json").exists() or not (path / "model.safetensors").exists():
         raise FileNotFoundError(f"no checkpoint at {path} (config.json + model.safetensors): train it with "
-                                f"`python -m int4lab.models.train --arch {arch}`")
+                                f"`python -m lab.train --arch {arch}`")
     kwargs = {} if experts_implementation is None else {"experts_implementation": experts_implementation}
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
     return model.to(device).eval()

@@ -2,7 +2,7 @@
 
     layout.py      where each architecture keeps its pieces (LAYOUT, ATTN_PROJ), `Scheme`
     modules.py     `Int4Linear`, `Int4Experts` (CPU reference decode or the Triton kernels)
-    hessian.py     the one Hessian hook (GPTQ here, chapter 02 through `int4lab.calib`)
+    hessian.py     the one Hessian hook (GPTQ here, chapter 02 through `lab.chapters.calib`)
     driver.py      `quantize_model`: round-to-nearest, dithered round-to-nearest, sequential GPTQ
     checkpoint.py  `save_quantized` / `load_quantized` (versioned safetensors)
 """

@@ -1,4 +1,4 @@
-"""The one Hessian hook: what GPTQ (`quantize_model`) and chapter 02 (`int4lab.calib`) both measure.
+"""The one Hessian hook: what GPTQ (`quantize_model`) and chapter 02 (`lab.chapters.calib`) both measure.
 
 Shape legend: E = experts, H = hidden size, I = expert intermediate size, R = rows, k = experts per token.
 

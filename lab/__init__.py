@@ -1,0 +1,16 @@
+"""The lab beside the library: what measures, tunes, checks and reports int4lab, and the chapters' helpers.
+
+It imports `int4lab`; `int4lab` never imports it (tests/test_layout.py fails on an import the other way).
+Run its tools from the repository root, e.g. `python -m lab.bench`, `python -m lab.report`.
+
+    bench/      the GPU timing harness: kernels beside their peers and the read floor (`python -m lab.bench`)
+    tune/       launch-plan sweeps, compiler resource reports, graph-replay determinism
+    chapters/   the experiments the chapters narrate (design choices, GPTQ study, calibration, accuracy)
+    report.py   README / RESULTS.md tables and chapter 05's figures, from the receipts
+    realscale.py  the real-checkpoint path at the published widths, on synthetic checkpoints
+    synth.py    synthetic checkpoints with the published configurations
+    train.py    trains the small models in data/models/
+    llamacpp.py llama.cpp as an outside judge of exported GGUF files
+    bench_pack.py  GPTQ pack time beside round-to-nearest
+    notebooks.py   executes the chapters (`make notebooks`)
+"""

@@ -1,0 +1,58 @@
+"""`python -m lab.bench`: time every decode shape and MoE layer beside its peers and the read floor, one
+run, one receipt (defaults in `main`; the method is in the package docstring)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from lab.bench import __doc__ as PACKAGE_DOC
+from lab.bench.harness import dry_run, run
+from lab.bench.schema import DEFAULT_OUT, IMPLS, validate_receipt
+
+# Start no new measurement after this many seconds: a full H200 run (the last measurement started before the
+# budget included) fits a 6-minute slot; what is left unstarted is listed as skipped.
+DEFAULT_BUDGET_S = 300.0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lab.bench", description=PACKAGE_DOC,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="two GEMV shapes and Qwen3's MoE layer at 1 and 8 tokens: the same code path, < 1 min")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"receipt path (default {DEFAULT_OUT.name} "
+                                                                   "under data/receipts/)")
+    ap.add_argument("--only", default="", help=f"comma-separated subset of {','.join(IMPLS)} (the read floor "
+                                               "is measured for every row whatever the subset)")
+    ap.add_argument("--replays", type=int, default=20, help="timed graph replays per row; us = their median")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the weights, activations and MoE routings")
+    ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                    help="start no new measurement after this many seconds; the rest is recorded as skipped "
+                         f"(default {DEFAULT_BUDGET_S:g}: a full H200 run fits 6 minutes; 0 = no limit)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print shapes, routed experts and bytes per call, read floors included; time nothing")
+    args = ap.parse_args(argv)
+    only = [s for s in args.only.split(",") if s]
+    if args.dry_run:
+        for d in dry_run(args.quick, seed=args.seed):
+            active = f" {d['n_active']:3d} experts" if "n_active" in d else " " * 12
+            print(f"{d['model']:8s} {d['layer']:22s} {d['N']:6d}x{d['K']:<6d} R={d['rows']:<3d}{active} "
+                  f"{d['impl']:17s} {d['bytes']:>12d} B")
+        return 0
+    if not torch.cuda.is_available():
+        print("lab.bench: no CUDA device here; timing needs one (use --dry-run to list shapes and bytes)",
+              file=sys.stderr)
+        return 2
+    from int4lab.receipts import portable_command, write_receipt
+    cmd = portable_command("python -m lab.bench " + " ".join(argv if argv is not None else sys.argv[1:]))
+    # after every measurement the receipt on disk is rewritten (method.complete false until the end), so a run
+    # killed from outside still leaves what it measured
+    payload = run(quick=args.quick, only=only, replays=args.replays, seed=args.seed,
+                  budget_s=args.budget_s or None, checkpoint=lambda p: write_receipt(args.out, p, command=cmd))
+    validate_receipt({"provenance": {}, **payload})
+    path = write_receipt(args.out, payload, command=cmd)
+    print(f"wrote {path} ({len(payload['rows'])} rows, {len(payload['floor'])} floors, "
+          f"{len(payload['skipped'])} skipped)")
+    return 0

@@ -1,0 +1,7 @@
+"""What the chapters compute, kept out of the notebooks so that each chapter holds the story and the calls:
+
+    format_variants.py  chapter 01: block sizes, Q4_0's signed scale, NF4, paired confidence intervals
+    calib.py            chapter 02: activation regimes, per-layer Hessians, output error through H
+    gptq_study.py       chapter 02: effective rank, the correlation x skew map, in-sample vs held out
+    accuracy.py         chapter 03: each kernel against a float64 reference
+"""

@@ -1,0 +1,179 @@
+"""Accuracy cases of the decode kernels against float64 references: chapter 03 tabulates and plots these.
+
+Shape legend: E = experts, N = out features, K = in features, R = activation rows, T = tokens, A = top-k.
+
+Each case draws fresh random weights and activations, runs one kernel into a NaN-poisoned buffer and
+reports max|out - ref| / max|ref| (the issue's bound is 2**-7) and the fraction of outputs equal, bit
+for bit, to the reference rounded once to bf16 (what an exact kernel with one final rounding gives).
+
+The one-launch checks compare a kernel with its own two-launch decomposition, bit for bit: x quantised
+inside the GEMV against quant_x_rows then the GEMV on codes (`fused_quant_case`), the last-arriving
+split-K finish against reduce_partials of the same slots (`split_finish_case`), and the down GEMV's fused
+router-weighted combine against combine_rows (`fused_combine_case`).
+"""
+from __future__ import annotations
+
+import torch
+
+from unittest import mock
+
+from int4lab.format import X_QMAX, _blocks, dequant_int4_ref, pack_int4_b32, quant_x_rows_ref, true_div
+from int4lab.kernels import gemv as _gemv
+from int4lab.kernels import plan as _plan
+from int4lab.kernels.gemv import X_SWIGLU, _launch_gemv, gemv_int4_b32, gemv_ref, int4_linear
+from int4lab.kernels.grouped import build_group_tiles, gemm_int4_b32_grouped
+from int4lab.kernels.moe import combine_rows, moe_decode_grouped, moe_decode_ref, moe_decode_routed
+from int4lab.kernels.quant import quant_x_rows
+from int4lab.kernels.reduce import reduce_partials
+
+BOUND = 2.0 ** -7
+
+
+def _row(kernel, shape, out, ref):
+    out, ref = out.float().cpu(), ref.float().cpu()
+    scale = float(ref.abs().max())
+    return {"kernel": kernel, "shape": shape, "unwritten": int(out.isnan().sum()),
+            "rel_err": float((out - ref).abs().max()) / scale,
+            "exact_frac": float((out == ref.bfloat16().float()).float().mean())}
+
+
+def _poisoned(shape, device):
+    return torch.full(shape, float("nan"), dtype=torch.bfloat16, device=device)
+
+
+def gemv_case(R, N, K, E, device, split_k=None):
+    p, s = (t.to(device) for t in pack_int4_b32(torch.randn(E, N, K) * 0.1))
+    xq, xs = quant_x_rows(torch.randn(R, K).bfloat16().to(device))
+    eids = torch.randint(0, E, (R,), dtype=torch.int32, device=device)
+    out = gemv_int4_b32(xq, xs, p, s, eids, N, K, out=_poisoned((R, N), device), split_k=split_k)
+    name = "gemv_int4_b32" + (f" split_k={split_k}" if split_k else "")
+    return _row(name, f"R{R} {N}x{K} E{E}", out, gemv_ref(xq, xs, p, s, eids, N, K))
+
+
+def linear_case(R, N, K, device, act):
+    p, s = (t.to(device) for t in pack_int4_b32(torch.randn(N, K) * 0.1))
+    x = torch.randn(R, K).bfloat16().to(device)
+    out = int4_linear(x, p, s, act=act, out=_poisoned((R, N), device))
+    w = dequant_int4_ref(p.cpu(), s.cpu(), N, K).double()
+    xd = x.cpu().double()
+    if act == "int8":
+        q, sc = quant_x_rows_ref(x.cpu())
+        xd = (q.double().reshape(R, -1, 32) * sc.double()[..., None]).reshape(R, K)
+    return _row(f"int4_linear act={act}", f"R{R} {N}x{K}", out, (xd @ w.T).float())
+
+
+def grouped_case(L, N, K, E, device, block_m=4):
+    p, s = (t.to(device) for t in pack_int4_b32(torch.randn(E, N, K) * 0.1))
+    ids = torch.randint(0, E, (L,), dtype=torch.int32, device=device)
+    t = build_group_tiles(ids, E, block_m)
+    xq, xs = quant_x_rows(torch.randn(L, K).bfloat16().to(device))
+    out = gemm_int4_b32_grouped(xq, xs, p, s, t, out=_poisoned((L, N), device))
+    return _row("gemm_int4_b32_grouped", f"L{L} {N}x{K} E{E} block_m={block_m}", out,
+                gemv_ref(xq, xs, p, s, ids, N, K))
+
+
+def moe_case(T, A, E, H, I, device, grouped=False):
+    gp, gs = (t.to(device) for t in pack_int4_b32(torch.randn(E, 2 * I, H) * 0.2))
+    dp, ds = (t.to(device) for t in pack_int4_b32(torch.randn(E, H, I) * 0.2))
+    x = torch.randn(T, H).bfloat16().to(device)
+    ids = torch.stack([torch.randperm(E)[:A] for _ in range(T)]).int().to(device)
+    tw = torch.softmax(torch.randn(T, A), -1).to(device)
+    fn = moe_decode_grouped if grouped else moe_decode_routed
+    out = fn(x, ids, tw, gp, gs, dp, ds)
+    return _row(fn.__name__, f"T{T} A{A} E{E} H{H} I{I}", out, moe_decode_ref(x, ids, tw, gp, gs, dp, ds))
+
+
+# ---- the one-launch design against its two-launch decomposition ------------------------------------------
+def bits(t) -> torch.Tensor:
+    """bf16 tensor -> its int16 bit patterns on the CPU (for bit-for-bit comparisons)."""
+    return t.view(torch.int16).cpu()
+
+
+def ulps_apart(a, b) -> int:
+    """Largest distance, in bf16 units in the last place, between two same-sign bf16 tensors."""
+    return int((bits(a).int() - bits(b).int()).abs().max()) if a.numel() else 0
+
+
+def counters_zero() -> bool:
+    """True when every cached split-K arrival counter is zero (as every launch must leave them)."""
+    return all(int(c.abs().sum()) == 0 for _, c in _gemv._WORKSPACES.values())
+
+
+def quant_x_rows_floor_ref(x):
+    """The activation rounding before the one-launch GEMV: q = floor(x / s + 0.5), one IEEE division per
+    value (same s as quant_x_rows_ref). Kept only to count where the two rules disagree."""
+    xb = _blocks(x.float())
+    s = true_div(xb.abs().amax(-1), float(X_QMAX)) + 1e-12
+    q = torch.floor(xb / s.unsqueeze(-1) + 0.5).clamp_(-X_QMAX, X_QMAX).to(torch.int8)
+    return q.reshape(x.shape), s
+
+
+def fused_quant_case(R, N, K, device, split_k=1):
+    """int4_linear(act="int8") (x quantised inside the GEMV, one launch) against quant_x_rows followed by
+    the GEMV on codes (two launches), same plan: bf16 ulps apart."""
+    p, s = (t.to(device) for t in pack_int4_b32(torch.randn(N, K) * 0.1))
+    x = torch.randn(R, K).bfloat16().to(device)
+    plan = _plan.gemv_plan(N, K, R, device, split_k)
+    one = int4_linear(x, p, s, act="int8", plan=plan)
+    xq, xs = quant_x_rows(x)
+    two = gemv_int4_b32(xq, xs, p[None], s[None], torch.zeros(R, dtype=torch.int32, device=device), N, K,
+                        plan=plan)
+    return {"shape": f"R{R} {N}x{K} split_k={plan.split_k}", "ulps": ulps_apart(one, two),
+            "counters_zero": counters_zero()}
+
+
+def split_finish_case(R, N, K, E, split_ks, device, repeats=2):
+    """Per split-K: does the one-launch finish equal reduce_partials of its own float32 slots bit for bit,
+    are the counters zero afterwards, do repeated calls differ (count), and how many outputs differ from
+    split_k = 1 (a different summation order, so some may)."""
+    p, s = (t.to(device) for t in pack_int4_b32(torch.randn(E, N, K) * 0.1))
+    xq, xs = quant_x_rows(torch.randn(R, K).to(device))
+    eids = torch.randint(0, E, (R,), dtype=torch.int32, device=device)
+    base = gemv_int4_b32(xq, xs, p, s, eids, N, K, split_k=1)
+    rows = []
+    for sk in split_ks:
+        part = torch.full((sk, R, N), float("nan"), device=device) if sk > 1 else None
+        out = gemv_int4_b32(xq, xs, p, s, eids, N, K, part=part, out=_poisoned((R, N), device), split_k=sk)
+        same = bool(torch.equal(bits(out), bits(reduce_partials(part, sk, R, N)))) if sk > 1 else None
+        again = [gemv_int4_b32(xq, xs, p, s, eids, N, K, split_k=sk) for _ in range(repeats)]
+        rows.append({"split_k": sk, "equals_reduce": same, "counters_zero": counters_zero(),
+                     "repeat_diffs": int(sum((bits(a) != bits(out)).sum() for a in again)),
+                     "vs_split1": int((bits(out) != bits(base)).sum()), "outputs": R * N})
+    return rows
+
+
+def fused_combine_case(T, A, N, K, E, device, split_k=1):
+    """The down GEMV with the router-weighted combine in its last-arriving epilogue (moe_decode_step's
+    second launch) against the same GEMV's bf16 rows combined by combine_rows: bf16 ulps apart."""
+    p, s = (t.to(device) for t in pack_int4_b32(torch.randn(E, N, K) * 0.1))
+    h = (torch.randn(T * A, 2 * K) * 2).bfloat16().to(device)
+    eids = torch.stack([torch.randperm(E)[:A] for _ in range(T)]).reshape(-1).int().to(device)
+    tw = torch.softmax(torch.randn(T, A), -1).to(device)
+    fused = _launch_gemv(h, None, p, s, eids, N, K, T * A, x_mode=X_SWIGLU, topk_w=tw, split_k=split_k)
+    rows = _launch_gemv(h, None, p, s, eids, N, K, T * A, x_mode=X_SWIGLU, split_k=split_k)
+    return {"shape": f"T{T} A{A} {N}x{K} E{E} split_k={split_k}", "ulps": ulps_apart(fused, combine_rows(rows, tw)),
+            "counters_zero": counters_zero()}
+
+
+def plan_on(generation: str, sms: int, N: int, K: int, R: int) -> _plan.GemvPlan:
+    """gemv_plan's choice for a GPU generation and SM count, computed on any machine (no GPU needed).
+
+    plan.py is hashed into every GPU receipt (receipts.kernel_sources_hash), so this reuses its functions
+    with the device queries answered, instead of editing that file."""
+    with mock.patch.object(_plan, "generation", lambda _: generation), \
+            mock.patch.object(_plan, "num_sms", lambda _: sms):
+        return _plan.gemv_plan(N, K, R, "cpu")
+
+
+def excerpt(fn, first: str, last: str | None = None) -> str:
+    """The source lines of `fn` (a function or a @triton.jit kernel) from the first line containing `first`
+    through the first later line containing `last` (to the end when None): what a chapter shows and tests."""
+    import inspect
+    lines = inspect.getsource(getattr(fn, "fn", fn)).splitlines()
+    i = next((n for n, line in enumerate(lines) if first in line), None)
+    if i is None:
+        raise ValueError(f"first={first!r} is on no line of {getattr(fn, '__name__', fn)}'s source")
+    j = len(lines) - 1 if last is None else next((n for n in range(i, len(lines)) if last in lines[n]), None)
+    if j is None:
+        raise ValueError(f"last={last!r} is on no line of {getattr(fn, '__name__', fn)}'s source after {first!r}")
+    return "\n".join(lines[i:j + 1])

@@ -1,0 +1,216 @@
+"""Synthetic checkpoints with the published configurations: the real-checkpoint path without a model hub.
+
+    python -m lab.synth --arch mixtral --layers 2 --out /tmp/mixtral-2l            # real width
+    python -m lab.synth --arch qwen3_moe --layers 2 --width tiny --out /tmp/q     # CPU tests
+
+Writes what a hub download of the model holds, truncated to N decoder layers: config.json and
+generation_config.json, the weights by `save_pretrained` as sharded safetensors
+(model-0000i-of-0000n.safetensors plus model.safetensors.index.json, transformers 5's on-disk per-expert
+key layout), and a tokenizer. The weights are random, normal(0, initializer_range) as transformers
+initialises them (norms 1), so a perplexity on them means nothing: what a run on them measures is the
+pipeline — loading, quantising, memory, time.
+
+The tokenizer is this repository's 4096-token BPE (`int4lab.models.load_tokenizer`), not the model's own:
+its ids are a subset of every published vocabulary (32000 / 50304 / 151936), so every id it emits has an
+embedding row. The config keeps the published special-token ids.
+
+`--width real` (default) uses the published configuration; `--width tiny` the same structure (expert
+count, top-k, head layout, routing options) at tiny dimensions, for tests on a CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+# The published configurations, as the keys of each model's config.json on the Hugging Face hub.
+# Only the fields that shape the model or its routing are kept; num_hidden_layers is the full depth.
+PUBLISHED = {
+    # https://huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json
+    "mixtral": {
+        "model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "num_local_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0, "rms_norm_eps": 1e-05, "sliding_window": None, "hidden_act": "silu",
+        "router_aux_loss_coef": 0.02, "initializer_range": 0.02, "tie_word_embeddings": False,
+        "bos_token_id": 1, "eos_token_id": 2,
+    },
+    # https://huggingface.co/allenai/OLMoE-1B-7B-0924/blob/main/config.json
+    "olmoe": {
+        "model_type": "olmoe", "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 1024,
+        "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
+        "num_experts": 64, "num_experts_per_tok": 8, "max_position_embeddings": 4096,
+        "rope_theta": 10000.0, "rms_norm_eps": 1e-05, "norm_topk_prob": False, "clip_qkv": None,
+        "hidden_act": "silu", "router_aux_loss_coef": 0.01, "initializer_range": 0.02,
+        "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": 50279, "pad_token_id": 1,
+    },
+    # https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json
+    "qwen3_moe": {
+        "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+        "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+        "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+        "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
+        "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [], "sliding_window": None,
+        "use_sliding_window": False, "max_window_layers": 48, "hidden_act": "silu",
+        "router_aux_loss_coef": 0.001, "initializer_range": 0.02, "tie_word_embeddings": False,
+        "bos_token_id": 151643, "eos_token_id": 151645,
+    },
+}
+ARCHS = tuple(PUBLISHED)
+WIDTHS = ("real", "tiny")
+FULL_LAYERS = {a: c["num_hidden_layers"] for a, c in PUBLISHED.items()}
+
+# Tiny width: the published structure (experts, top-k, kv grouping, explicit head_dim) at CPU size.
+# Every expert matrix keeps K a multiple of 32 (int4-b32 blocks); 4096 = this repository's tokenizer.
+TINY = {"hidden_size": 64, "intermediate_size": 64, "moe_intermediate_size": 64, "num_attention_heads": 4,
+        "vocab_size": 4096, "max_position_embeddings": 512}
+
+
+def _check(arch, layers, width) -> None:
+    if arch not in PUBLISHED:
+        raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
+    if not isinstance(layers, int) or isinstance(layers, bool) or not 1 <= layers <= FULL_LAYERS[arch]:
+        raise ValueError(f"layers must be an int in [1, {FULL_LAYERS[arch]}] for {arch} (its published depth), "
+                         f"got {layers!r}")
+    if width not in WIDTHS:
+        raise ValueError(f"width must be one of {WIDTHS}, got {width!r}")
+
+
+def config_fields(arch: str, layers: int, width: str = "real") -> dict:
+    """The config.json fields of the synthetic checkpoint: PUBLISHED[arch] with num_hidden_layers = layers
+    (and, at tiny width, the TINY dimensions with the published head grouping kept)."""
+    _check(arch, layers, width)
+    f = dict(PUBLISHED[arch], num_hidden_layers=layers)
+    if width == "tiny":
+        heads = TINY["num_attention_heads"]
+        group = f["num_attention_heads"] // f["num_key_value_heads"]         # keep GQA's ratio where it fits
+        f.update({k: v for k, v in TINY.items() if k in f})
+        f["num_key_value_heads"] = max(1, heads // group)
+        if "head_dim" in f:
+            f["head_dim"] = 32                  # explicit and != hidden / heads, as in Qwen3-30B-A3B
+        for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            if f.get(k) is not None:
+                f[k] = 1 if k == "eos_token_id" else 0   # the tiny vocabulary's <|bos|> / <|eos|>
+        if "max_window_layers" in f:
+            f["max_window_layers"] = layers
+    return f
+
+
+def synth_config(arch: str, layers: int, width: str = "real"):
+    """A transformers config (MixtralConfig / OlmoeConfig / Qwen3MoeConfig) from `config_fields`."""
+    from transformers import AutoConfig
+    f = config_fields(arch, layers, width)
+    mt = f.pop("model_type")
+    # transformers 5 keeps rope settings in rope_parameters; config.json's rope_theta maps there.
+    f["rope_parameters"] = {"rope_type": "default", "rope_theta": f.pop("rope_theta")}
+    f["output_router_logits"] = False
+    return AutoConfig.for_model(mt, **f)
+
+
+def _init_(model, std: float) -> None:
+    """Weights normal(0, std) in the parameters' own dtype and device (no float32 copy of the model);
+    norm weights 1. The router is a plain weight too: normal, as transformers initialises it."""
+    g = torch.Generator(device=next(model.parameters()).device)
+    g.manual_seed(int(torch.initial_seed()) % 2 ** 63)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name.split(".")[-2] or name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif p.dim() == 1:
+                p.zero_()                                   # biases (none in these three), kept at 0
+            else:
+                p.normal_(0.0, std, generator=g)
+
+
+def write_checkpoint(arch: str, layers: int, out, width: str = "real", seed: int = 0,
+                     max_shard_size: str | int = "2GB", dtype: torch.dtype = torch.bfloat16,
+                     device: str | None = None) -> dict:
+    """Write the synthetic checkpoint into out (created; must be empty or absent); returns a summary:
+    {"arch", "layers", "width", "params", "bytes", "shards", "build_s", "save_s", "config": fields}.
+
+    device: where the weights are drawn (default cuda when available): bf16 on the device, written from
+    there, so no host copy of the whole model exists at once beyond one shard.
+    """
+    _check(arch, layers, width)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"out {out} exists and is not empty: choose a fresh directory")
+    from transformers import AutoModelForCausalLM
+
+    from int4lab.models import load_tokenizer
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = synth_config(arch, layers, width)
+    torch.manual_seed(seed)
+    t0 = time.time()
+    # Built on the meta device, then allocated on `device` in `dtype`: transformers' own init would run
+    # first on the host in float32 otherwise.
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    model = model.to_empty(device=device)
+    _init_(model, cfg.initializer_range)
+    _reset_buffers(model)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    build_s = time.time() - t0
+    t0 = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, max_shard_size=max_shard_size)
+    load_tokenizer().save_pretrained(out)
+    save_s = time.time() - t0
+    shards = sorted(p.name for p in out.glob("model*.safetensors"))
+    summary = {"arch": arch, "layers": layers, "full_layers": FULL_LAYERS[arch], "width": width, "seed": seed,
+               "dtype": str(dtype).replace("torch.", ""), "params": sum(p.numel() for p in model.parameters()),
+               "bytes": sum((out / s).stat().st_size for s in shards), "shards": shards,
+               "build_s": build_s, "save_s": save_s, "config": config_fields(arch, layers, width)}
+    del model
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return summary
+
+
+def _reset_buffers(model) -> None:
+    """Recompute the non-persistent buffers `to_empty` left uninitialised (the rotary inverse frequencies):
+    a fresh rotary module on the host holds them, copied onto the model's device."""
+    for m in model.modules():
+        if hasattr(m, "inv_freq") and hasattr(m, "config"):
+            dev = m.inv_freq.device
+            fresh = type(m)(m.config)
+            for name, buf in fresh.named_buffers(recurse=False):
+                setattr(m, name, buf.to(dev))
+            m.attention_scaling = fresh.attention_scaling
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m lab.synth", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", required=True, choices=ARCHS)
+    ap.add_argument("--layers", type=int, required=True, help="decoder layers kept (the published depth at most)")
+    ap.add_argument("--out", required=True, help="checkpoint directory (created; must be empty)")
+    ap.add_argument("--width", choices=WIDTHS, default="real")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-shard-size", default="2GB", help="save_pretrained's shard size, e.g. 2GB or 1MB")
+    ap.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    ap.add_argument("--device", default=None, help="where weights are drawn (default cuda when available)")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        s = write_checkpoint(args.arch, args.layers, args.out, args.width, args.seed, args.max_shard_size,
+                             getattr(torch, args.dtype), args.device)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: v for k, v in s.items() if k != "config"}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
