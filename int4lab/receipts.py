@@ -30,17 +30,44 @@ def git_commit() -> str:
         return "unknown"
 
 
-KERNEL_SOURCES = "int4lab/kernels"
+# What each kind of receipt measured: the files whose change makes such a receipt stale, declared here once.
+# provenance(sources=KIND) writes their hash into the receipt; tests/test_receipts.py fails on a committed receipt
+# whose hash no longer matches the tree, or that was made from a dirty tree. Patterns are relative to ROOT.
+_KERNELS = ("int4lab/kernels/*.py",)
+_QUANTISED_MODEL = ("int4lab/format.py", "int4lab/gptq.py", "int4lab/quantize/*.py", "int4lab/models/*.py",
+                    "int4lab/corpus.py") + _KERNELS
+SOURCES = {
+    "kernels": _KERNELS,                                               # decode bench, paired rounds, CUDA suite
+    "gate": ("int4lab/gate/*.py",) + _QUANTISED_MODEL,                 # python -m int4lab.gate
+    "llamacpp": ("int4lab/export.py", "int4lab/q4_0.py", "lab/llamacpp.py") + _QUANTISED_MODEL,
+    "realscale": ("int4lab/gate/*.py", "lab/realscale.py", "lab/synth.py") + _QUANTISED_MODEL,
+    "decode_step": ("lab/decode_step.py", "lab/bench/floor.py", "lab/bench/timing.py") + _QUANTISED_MODEL,
+}
+KERNEL_SOURCES = "int4lab/kernels"      # the folder of SOURCES["kernels"], named in messages
+
+
+def source_files(kind: str, root=ROOT) -> list[Path]:
+    """The files SOURCES[kind] names under root, sorted by their path relative to root."""
+    if kind not in SOURCES:
+        raise ValueError(f"sources must be one of {tuple(SOURCES)}, got {kind!r}")
+    root = Path(root)
+    files = {f for pattern in SOURCES[kind] for f in root.glob(pattern) if f.is_file()}
+    return sorted(files, key=lambda f: f.relative_to(root).as_posix())
+
+
+def sources_hash(kind: str, root=ROOT) -> str:
+    """sha256 over SOURCES[kind]'s files (sorted by relative path, each as 'path\0bytes\0'): the code a receipt of
+    that kind measured. Any file changed, added, removed or renamed changes it."""
+    import hashlib
+    h = hashlib.sha256()
+    for f in source_files(kind, root):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def kernel_sources_hash(root=ROOT) -> str:
-    """sha256 over the kernel package's .py files (sorted by name, each as 'name\0bytes\0'): the code a GPU
-    receipt measured. A receipt whose hash differs from the tree's is stale (notebooks and tests say so)."""
-    import hashlib
-    h = hashlib.sha256()
-    for f in sorted((Path(root) / KERNEL_SOURCES).glob("*.py")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
+    """sources_hash("kernels"): the kernel code a GPU receipt measured (bench.decide groups its rounds by it)."""
+    return sources_hash("kernels", root)
 
 
 def device_name() -> str:
@@ -50,15 +77,16 @@ def device_name() -> str:
     return f"cpu ({platform.processor() or platform.machine()})"
 
 
-def provenance(command: str | None = None) -> dict:
-    """Device, versions, commit, UTC date and the command that produced a result."""
+def provenance(command: str | None = None, sources: str | None = None) -> dict:
+    """Device, versions, commit, UTC date and the command that produced a result; with `sources` (a key of
+    SOURCES) also the hash of the files that kind of receipt measured, so a stale receipt can be detected."""
     import torch
     try:
         import triton
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    return {
+    out = {
         "device": device_name(),
         "torch": torch.__version__,
         "triton": triton_version,
@@ -69,6 +97,9 @@ def provenance(command: str | None = None) -> dict:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command if command is not None else " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
     }
+    if sources is not None:
+        out["sources"] = {"kind": sources, "files": list(SOURCES[sources]), "sha256": sources_hash(sources)}
+    return out
 
 
 def portable_command(command) -> str:
@@ -77,11 +108,12 @@ def portable_command(command) -> str:
     return " ".join("…/" + Path(t).name if t.startswith("/") else t for t in str(command).split())
 
 
-def write_receipt(path, payload: dict, command: str | None = None) -> Path:
-    """Write payload plus a `provenance` block as JSON; returns the path."""
+def write_receipt(path, payload: dict, command: str | None = None, sources: str | None = None) -> Path:
+    """Write payload plus a `provenance` block (with the `sources` hash of that receipt kind) as JSON; returns
+    the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = {"provenance": provenance(command), **payload}
+    body = {"provenance": provenance(command, sources), **payload}
     path.write_text(json.dumps(body, indent=1) + "\n")
     return path
 

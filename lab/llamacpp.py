@@ -304,7 +304,8 @@ def main(argv=None) -> int:
                     windows=args.windows, threads=args.threads)
     name = Path(args.model).name
     out = args.out or RECEIPTS / f"llamacpp_{name}.json"
-    write_receipt(out, payload, command="python -m lab.llamacpp " + " ".join(sys.argv[1:] if argv is None else argv))
+    write_receipt(out, payload, command="python -m lab.llamacpp " + " ".join(sys.argv[1:] if argv is None else argv),
+                  sources="llamacpp")
     print(out)
     return 0
 

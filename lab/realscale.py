@@ -435,7 +435,7 @@ def merge_receipt(path, arch_rec: dict, settings: dict, command: str) -> Path:
     archs = dict(old.get("archs", {}))
     archs[arch_rec["arch"]] = arch_rec
     payload = {"settings": settings, "archs": archs}
-    return write_receipt(path, payload, command=portable_command(command))
+    return write_receipt(path, payload, command=portable_command(command), sources="realscale")
 
 
 def parser() -> argparse.ArgumentParser:

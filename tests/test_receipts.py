@@ -1,43 +1,69 @@
-"""Stale-receipt guard: a GPU receipt that carries a hash of the kernel sources must have measured these ones."""
+"""Stale-receipt guard: every current receipt names the kind of sources it measured (int4lab.receipts.SOURCES, the
+one declaration), carries their hash, and was made from a clean commit; the hash must equal the tree's."""
+import json
+
+import pytest
+
 import int4lab as il
-from int4lab.receipts import KERNEL_SOURCES, kernel_sources_hash
+from int4lab.receipts import SOURCES, source_files, sources_hash
 
-DECODE = il.RECEIPTS / "decode_h200.json"
-
-
-def test_decode_receipt_measured_the_current_kernel_sources():
-    rec = il.read_receipt(DECODE)
-    measured = rec["provenance"].get("kernel_sources_sha256")
-    assert measured is not None, f"{DECODE.name} carries no kernel_sources_sha256: re-run the bench on a GPU"
-    assert measured == kernel_sources_hash(), (
-        f"{DECODE.name} measured other kernel sources than {KERNEL_SOURCES}/ holds now (receipt {measured[:12]}, "
-        f"tree {kernel_sources_hash()[:12]}): re-run `python -m lab.bench` on a GPU when the kernels change, "
-        "then `python -m lab.report --readme README.md` and notebook 05")
+# The receipts the README, RESULTS.md and the chapters read, by kind: each must match the tree's sources.
+CURRENT = {"gate": "gate_*.json", "llamacpp": "llamacpp_*.json", "realscale": "realscale_*.json",
+           "decode_step": "decode_step_*.json"}
 
 
-def test_kernel_sources_hash_sees_every_kernel_file(tmp_path):
-    """The hash changes when any kernel file changes, is added, or is renamed; the same files give the same hash."""
-    src = tmp_path / KERNEL_SOURCES
-    src.mkdir(parents=True)
+def _current():
+    from lab.bench.schema import DEFAULT_OUT
+    out = [(kind, p) for kind, pat in CURRENT.items() for p in sorted(il.RECEIPTS.glob(pat))]
+    return out + [("kernels", DEFAULT_OUT)]
+
+
+@pytest.mark.parametrize("kind,path", _current(), ids=lambda v: getattr(v, "name", v))
+def test_current_receipt_measured_the_tree_it_describes(kind, path):
+    prov = json.loads(path.read_text())["provenance"]
+    src = prov.get("sources")
+    assert src is not None, (f"{path.name} names no measured sources: regenerate it with the command in its "
+                             f"provenance ({prov.get('command')})")
+    assert src["kind"] == kind, f"{path.name} measured {src['kind']!r} sources, expected {kind!r}"
+    assert src["sha256"] == sources_hash(kind), (
+        f"{path.name} is stale: it measured other {kind} sources than the tree holds ({src['sha256'][:12]} vs "
+        f"{sources_hash(kind)[:12]}; files: {list(SOURCES[kind])}). Regenerate it: {prov.get('command')}")
+    commit = prov.get("commit", "unknown")
+    assert commit != "unknown" and not commit.endswith("+dirty"), \
+        f"{path.name} was made from commit {commit!r}: regenerate it at a clean, committed tree"
+
+
+def test_sources_hash_sees_every_change(tmp_path, monkeypatch):
+    """The hash changes when a declared file changes, is added or renamed; other files do not move it."""
+    monkeypatch.setitem(SOURCES, "probe", ("pkg/*.py", "lab/x.py"))
+    src = tmp_path / "pkg"
+    src.mkdir()
     (src / "a.py").write_text("x = 1\n")
-    h0 = kernel_sources_hash(tmp_path)
-    assert kernel_sources_hash(tmp_path) == h0
+    h0 = sources_hash("probe", tmp_path)
+    assert sources_hash("probe", tmp_path) == h0
     (src / "a.py").write_text("x = 2\n")
-    h1 = kernel_sources_hash(tmp_path)
+    h1 = sources_hash("probe", tmp_path)
     (src / "b.py").write_text("")
-    h2 = kernel_sources_hash(tmp_path)
+    h2 = sources_hash("probe", tmp_path)
     (src / "b.py").rename(src / "c.py")
-    h3 = kernel_sources_hash(tmp_path)
-    assert len({h0, h1, h2, h3}) == 4
+    h3 = sources_hash("probe", tmp_path)
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / "x.py").write_text("y = 1\n")
+    h4 = sources_hash("probe", tmp_path)
+    assert len({h0, h1, h2, h3, h4}) == 5
     (src / "notes.txt").write_text("not code")
-    assert kernel_sources_hash(tmp_path) == h3
+    (tmp_path / "lab" / "other.py").write_text("")
+    assert sources_hash("probe", tmp_path) == h4
 
 
-def test_hashed_receipts_name_a_full_sha256():
-    """Every receipt that carries the field carries a well-formed one (a typo would silently never match)."""
-    hashes = {p.name: il.read_receipt(p).get("provenance", {}).get("kernel_sources_sha256")
-              for p in sorted(il.RECEIPTS.glob("*.json"))}
-    hashes = {name: h for name, h in hashes.items() if h is not None}
-    assert DECODE.name in hashes
-    bad = [name for name, h in hashes.items() if len(h) != 64 or any(c not in "0123456789abcdef" for c in h)]
-    assert not bad, f"malformed kernel_sources_sha256 in {bad}"
+def test_every_declared_pattern_matches_files():
+    """A typo in SOURCES would hash nothing and never go stale."""
+    for kind, patterns in SOURCES.items():
+        for pattern in patterns:
+            assert any(il.ROOT.glob(pattern)), f"SOURCES[{kind!r}] pattern {pattern!r} matches no file"
+        assert source_files(kind)
+
+
+def test_unknown_kind_is_refused():
+    with pytest.raises(ValueError, match="sources must be one of"):
+        sources_hash("gates")

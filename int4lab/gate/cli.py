@@ -97,7 +97,7 @@ def main(argv=None) -> int:
         return 2
     path = Path(args.out) if args.out else receipt_path(payload["model"])
     args_line = " ".join(argv if argv is not None else sys.argv[1:])
-    write_receipt(path, payload, command=f"python -m int4lab.gate {args_line}")
+    write_receipt(path, payload, command=f"python -m int4lab.gate {args_line}", sources="gate")
     print(format_table(payload))
     print(f"receipt: {path}")
     return 0

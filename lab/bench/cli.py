@@ -50,9 +50,9 @@ def main(argv=None) -> int:
     # after every measurement the receipt on disk is rewritten (method.complete false until the end), so a run
     # killed from outside still leaves what it measured
     payload = run(quick=args.quick, only=only, replays=args.replays, seed=args.seed,
-                  budget_s=args.budget_s or None, checkpoint=lambda p: write_receipt(args.out, p, command=cmd))
+                  budget_s=args.budget_s or None, checkpoint=lambda p: write_receipt(args.out, p, command=cmd, sources="kernels"))
     validate_receipt({"provenance": {}, **payload})
-    path = write_receipt(args.out, payload, command=cmd)
+    path = write_receipt(args.out, payload, command=cmd, sources="kernels")
     print(f"wrote {path} ({len(payload['rows'])} rows, {len(payload['floor'])} floors, "
           f"{len(payload['skipped'])} skipped)")
     return 0

@@ -199,7 +199,7 @@ def main(argv=None) -> int:
                           "us": [r[j]["us"] for r in runs], "ratios": combine(k, [r[j] for r in runs])}
                          for j, (s, k) in enumerate(zip(args.spec, keys))]}
     cmd = portable_command("python -m lab.bench.decide " + " ".join(argv if argv is not None else sys.argv[1:]))
-    path = write_receipt(args.out, payload, command=cmd)
+    path = write_receipt(args.out, payload, command=cmd, sources="kernels")
     for s in payload["specs"]:
         for r in s["ratios"]:
             print(f"{s['spec']:22s} {r['num']}/{r['den']}: {r['median']:.4f} [{r['lo']:.4f}, {r['hi']:.4f}]")

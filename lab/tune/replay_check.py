@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--small", action="store_true", help="small shapes (for compute-sanitizer)")
     args = ap.parse_args(argv)
-    rec = {"provenance": provenance(command="python -m lab.tune.replay_check"), **run(args.replays, args.small)}
+    rec = {"provenance": provenance(command="python -m lab.tune.replay_check", sources="kernels"), **run(args.replays, args.small)}
     with open(args.out, "w") as f:
         json.dump(rec, f, indent=1)
     for r in rec["rows"]:
