@@ -472,9 +472,9 @@ def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
            if rec.get("method", {}).get("prefill_cycles") else "")
         + (f", after {rec['method']['warmup_ms']:.0f} ms of replays (the GPU's slow first ~10 ms of load stay out)"
            if rec.get("method", {}).get("warmup_ms") else "") +
-        f", weights rotated beyond L2. Read floor: a kernel that only reads the row's int4-b32 bytes (MoE: the "
-        f"unique routed experts'), best of a few launch configurations, timed the same way in the same run; "
-        f"a peer's cell gives its µs and (peer / int4_b32)."
+        ", weights rotated beyond L2. Read floor: a kernel that only reads the row's int4-b32 bytes (MoE: the "
+        "unique routed experts'), best of a few launch configurations, timed the same way in the same run; "
+        "a peer's cell gives its µs and (peer / int4_b32)."
         + (f" One launch costs {rec['launch']['us']:.2f} µs in a graph (the floor kernel over one word)."
            if "launch" in rec else "")
         + ("" if has_floor else " **This receipt predates the read floor**: its floor and ratio columns read –.")
@@ -650,7 +650,8 @@ def _s(x) -> str:
 def realscale_table(receipts=RECEIPTS) -> str:
     """The real-checkpoint path (`python -m lab.realscale`): per architecture, what was measured at the
     published width on --layers layers and its extrapolation to the published depth (fixed + layers x
-    per_layer, the arithmetic in the receipt). "not yet measured" without the receipt."""
+    per_layer, the arithmetic in the receipt). "not yet measured" without the receipt. The receipt's decode
+    timing (int4 kernels against the bf16 model's eager expert loop) is left out: it is not a decode-step result."""
     path = Path(receipts) / REALSCALE
     if not path.exists():
         return (f"*Not yet measured*: `data/receipts/{REALSCALE}` does not exist. It is written by "
@@ -658,17 +659,13 @@ def realscale_table(receipts=RECEIPTS) -> str:
     r = read_receipt(path)
     lines = ["| model (published config) | measured | bf16 checkpoint | int4 checkpoint (GPTQ experts+attn) | "
              "load (bf16) | RTN experts+attn | GPTQ experts+attn | GPTQ per expert matrix | peak GPU / host "
-             "(gate, measured layers) | decode tok/s bf16 → int4 | device_map split |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "(gate, measured layers) | device_map split |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for arch, a in sorted(r.get("archs", {}).items()):
         ex = a.get("extrapolation", {})
         full = lambda k: (ex.get(k) or {}).get("full_depth")                       # noqa: E731
         g = a.get("gate") or {}
         gq = next((v for k, v in (g.get("gptq_per_layer") or {}).items() if k.startswith("gptq/experts+attn")), {})
-        dec = "–"
-        if "decode_step_s bf16" in ex:
-            dec = (f"{ex['decode_step_s bf16']['tokens_per_s_full_depth']:.0f} → "
-                   f"{ex['decode_step_s int4']['tokens_per_s_full_depth']:.0f}")
         split = a.get("gate_split") or {}
         placed = ", ".join(f"{k}: {v}" for k, v in sorted(split.get("device_map_entries", {}).items()))
         split_s = ("skipped" if "skipped" in split else "error" if "gate_split" in (a.get("errors") or {})
@@ -680,7 +677,7 @@ def realscale_table(receipts=RECEIPTS) -> str:
             _gb(full("bf16_bytes")), _gb(full("quantized_bytes")), _s(full("load_s")),
             _s(full("quantise_s rtn/experts+attn/W4A8")), _s(full("quantise_s gptq/experts+attn/W4A8 draw#0")),
             _s(gq.get("per_expert_matrix_s")),
-            f"{_gb(g.get('gpu_peak_bytes'))} / {_gb(g.get('host_peak_bytes'))}", dec, split_s]))
+            f"{_gb(g.get('gpu_peak_bytes'))} / {_gb(g.get('host_peak_bytes'))}", split_s]))
     lines.append("")
     # The gate holds the source and every arm at once: its weights alone are bf16 + arms x int4.
     from int4lab.gate import plan_arms

@@ -12,7 +12,7 @@ def test_decode_receipt_measured_the_current_kernel_sources():
     assert measured == kernel_sources_hash(), (
         f"{DECODE.name} measured other kernel sources than {KERNEL_SOURCES}/ holds now (receipt {measured[:12]}, "
         f"tree {kernel_sources_hash()[:12]}): re-run `python -m lab.bench` on a GPU when the kernels change, "
-        "then `python -m lab.report --readme README.md` and notebook 05")
+        "then `python -m lab.report --results RESULTS.md --notes notes/kernels.md` and notebook 05")
 
 
 def test_kernel_sources_hash_sees_every_kernel_file(tmp_path):
