@@ -1,14 +1,18 @@
-"""README tables and chapter 05's figures, generated from the receipts (never typed by hand).
+"""RESULTS.md, the README's layout and the kernel notes' misses, and chapter 05's figures, generated from the
+receipts (never typed by hand).
 
-    python -m lab.report                          # print the markdown block for data/receipts/decode_h200.json
-    python -m lab.report --readme README.md       # rewrite the blocks between the README's markers
+    python -m lab.report                              # print the decode block for data/receipts/decode_h200.json
+    python -m lab.report --results RESULTS.md         # rewrite RESULTS.md's generated blocks (between its markers)
+    python -m lab.report --readme README.md           # rewrite the README's layout block (folders and their sizes)
+    python -m lab.report --notes notes/kernels.md     # rewrite the kernel notes' table of missed targets
 
 Decode columns come from the receipt's rows: µs per call, the row's read floor (`floor_us`: a kernel that only
 reads the row's int4-b32 bytes, timed in the same run; receipts from before the floor lack it and show "–"),
 `int4_b32 / floor`, and beside every peer its time over ours. The llama.cpp column is *recorded* (ggml
-test-backend-ops on the H200, data/receipts/anchors/, see PROVENANCE.md there), not re-measured. Targets are
-issue 12's (one-token decode against the read floor and every peer) and issue 14's (MoE at 4-64 tokens),
-checked against the receipt: pass, miss, or not measured.
+test-backend-ops on the H200, data/receipts/anchors/, see PROVENANCE.md there), not re-measured. The targets
+have names, defined once by `target_definitions` (RESULTS.md prints them): "GEMV at the floor", "GEMV beside
+its peers", "one-token MoE step" and "batched MoE"; each is checked against the receipt: pass, miss, undecided
+or not measured.
 
 Shape legend: E = experts, N = out features, K = in features, R = rows (tokens), H = hidden, I = expert
 intermediate (MoE rows carry N = I, K = H).
@@ -230,13 +234,20 @@ def moe_series(rec, model: str) -> dict[str, dict[int, float]]:
     return {k: dict(sorted(v.items())) for k, v in series.items()}
 
 
-# ---- targets: issue 12 (one-token decode) and issue 14 (MoE at 4-64 tokens) ----------------------------
+# ---- targets: the named goals the receipt is checked against ---------------------------------------------
+GEMV_FLOOR = "GEMV at the floor"
+GEMV_BESIDE_PEERS = "GEMV beside its peers"
+ONE_TOKEN_MOE = "one-token MoE step"
+BATCHED_MOE = "batched MoE"
+
+
 @dataclass(frozen=True)
 class Check:
     target: str
     measured: str
     status: str          # "pass", "miss", "undecided" (margin under the run-to-run spread), "not measured"
     paired: bool = False  # the status comes from bench.decide's paired re-measurement (paired_ratios)
+    name: str = ""        # which named target the check belongs to (GEMV_FLOOR, ..., BATCHED_MOE)
 
 
 def _status(ok, margin=None, spread=0.0) -> str:
@@ -270,18 +281,18 @@ def run_to_run(rec, other, q: float = 0.9) -> float | None:
     return moves[min(len(moves) - 1, int(q * len(moves)))] if moves else None
 
 
-# The paired re-measurements of undecided targets (`python -m lab.bench.decide`), one file per device session;
-# used only where they timed the same kernel sources as the receipt.
+# The paired re-measurements of undecided targets (`python -m lab.bench.decide`), one file per run on one
+# machine; used only where they timed the same kernel sources as the receipt.
 DECIDE_GLOB = "decide_h200*.json"
 
 
 def paired_ratios(rec, paths=None) -> dict:
     """{(kind, model or N, tokens or K, numerator, denominator): {"median", "lo", "hi", "n"}} over the bench.decide
-    receipts (default: RECEIPTS / DECIDE_GLOB) whose kernel hash equals `rec`'s. Several sessions (device calls,
-    possibly other machines of the pool) of the same ratio pool into one: the median of their medians and the
-    hull of all their intervals, so sessions that disagree leave a target undecided. Sessions of other kernel
-    sources are kept as "stale" intervals: they can withhold a verdict (`_settle`), never grant one. {} when no
-    session matches."""
+    receipts (default: RECEIPTS / DECIDE_GLOB) whose kernel hash equals `rec`'s. Several runs of the same ratio
+    (each a file, possibly from another machine of the same model) pool into one: the median of their medians and
+    the hull of all their intervals, so runs that disagree leave a target undecided. Runs of other kernel sources
+    are kept as "stale" intervals: they can withhold a verdict (`_settle`), never grant one. {} when no run
+    matches."""
     paths = sorted(RECEIPTS.glob(DECIDE_GLOB)) if paths is None else [Path(p) for p in paths]
     mine = rec.get("provenance", {}).get("kernel_sources_sha256")
     found: dict = {}
@@ -304,28 +315,29 @@ def paired_ratios(rec, paths=None) -> dict:
         n_rounds = {f"{m['rounds']} rounds x {m['processes']} processes" for _, m in runs}
         out[key] = {"median": statistics.median(r["median"] for r, _ in runs),
                     "lo": min(r["lo"] for r, _ in runs), "hi": max(r["hi"] for r, _ in runs),
-                    "n": f"{' / '.join(sorted(n_rounds))} x {len(runs)} session{'s' if len(runs) > 1 else ''}",
+                    "n": f"{' / '.join(sorted(n_rounds))} x {len(runs)} run{'s' if len(runs) > 1 else ''}",
                     "sessions": [r["median"] for r, _ in runs], "stale": stale.get(key, [])}
     return out
 
 
-def _settle(target: str, measured: str, status: str, paired, key, limit: float, at_most: bool = True) -> Check:
+def _settle(target: str, measured: str, status: str, paired, key, limit: float, at_most: bool = True,
+            name: str = "") -> Check:
     """The target's Check; an "undecided" status settled by the paired re-measurement of the same ratio, where
-    there is one (paired=True). A session of other kernel sources whose interval lies wholly on the other side of
+    there is one (paired=True). A run of other kernel sources whose interval lies wholly on the other side of
     the limit keeps it undecided: it cannot vouch for this code, but its contradiction says the margin may not
     survive another machine."""
     d = (paired or {}).get(key)
     if status != "undecided" or d is None:
-        return Check(target, measured, status)
+        return Check(target, measured, status, name=name)
     new = decided(d["lo"], d["hi"], limit, at_most)
     note = (f"{measured}; paired: {d['median']:.3f}× [{d['lo']:.3f}, {d['hi']:.3f}], {d['n']}"
-            + (f" (session medians {', '.join(f'{v:.3f}' for v in d['sessions'])})" if len(d["sessions"]) > 1 else ""))
+            + (f" (run medians {', '.join(f'{v:.3f}' for v in d['sessions'])})" if len(d["sessions"]) > 1 else ""))
     against = [s for s in d.get("stale", []) if decided(s[1], s[2], limit, at_most) not in (new, "undecided")]
     if new != "undecided" and against:
         med, lo, hi = against[0]
         new = "undecided"
-        note += f"; an earlier session on other kernel sources read {med:.3f}× [{lo:.3f}, {hi:.3f}]"
-    return Check(target, note, new, paired=True)
+        note += f"; an earlier run on other kernel sources read {med:.3f}× [{lo:.3f}, {hi:.3f}]"
+    return Check(target, note, new, paired=True, name=name)
 
 
 BIG_SHAPES = ((14336, 4096), (4096, 14336), (28672, 4096), (28672, 8192))
@@ -335,19 +347,19 @@ BATCH_TOKENS, BATCH_FLOOR_LIMIT, BATCH_SPEEDUP = (4, 8, 16, 32, 64), 1.3, 2.0
 
 
 def targets(rec, anchors=(), spread: float = 0.0, paired=None) -> list[Check]:
-    """Issue 12's and issue 14's targets (H200, graph replay, same run; ratios count) evaluated on the receipt;
-    a target missed or met by less than `spread` (relative; run_to_run) is "undecided", unless `paired`
+    """The named targets (target_definitions; graph replay, ratios measured in the same run) evaluated on the
+    receipt; a target missed or met by less than `spread` (relative; run_to_run) is "undecided", unless `paired`
     (paired_ratios: the bench.decide re-measurement of the same kernels) puts its ratio's interval on one side."""
     out = []
 
-    def check(target, measured, status, key, limit, at_most=True):
-        out.append(_settle(target, measured, status, paired, key, limit, at_most))
+    def check(target, measured, status, key, limit, at_most=True, name=""):
+        out.append(_settle(target, measured, status, paired, key, limit, at_most, name))
     for N, K in BIG_SHAPES:
         here = [r for r in rec["rows"] if r["layer"] != "moe" and (r["N"], r["K"]) == (N, K)]
         ours, fl = _us(rec, "int4_b32", N=N, K=K), _floor(here)
         check(f"{N}×{K}: int4_b32 ≤ 1.15× read floor", f"{_f(ours, 2)} / {_f(fl, 2)} µs = "
               f"{_f(_ratio(ours, fl), 2)}×", _within(_ratio(ours, fl), 1.15, spread),
-              ("gemv", N, K, "int4_b32", "floor"), 1.15)
+              ("gemv", N, K, "int4_b32", "floor"), 1.15, name=GEMV_FLOOR)
     for s in all_shapes():
         w = {"model": s.model, "layer": s.layer, "N": s.N, "K": s.K}
         here = [r for r in rec["rows"] if all(r[k] == v for k, v in w.items())]
@@ -363,9 +375,11 @@ def targets(rec, anchors=(), spread: float = 0.0, paired=None) -> list[Check]:
         name = f"{s.model} {s.layer} {s.N}×{s.K}"
         out.append(Check(f"{name}: int4_b32 faster than every peer",
                          f"{_f(ours, 2)} µs vs best peer {_f(best, 2)} µs{gap}",
-                         _status(ok, None if None in (ours, best) else ours / best - 1, spread)))
+                         _status(ok, None if None in (ours, best) else ours / best - 1, spread),
+                         name=GEMV_BESIDE_PEERS))
         check(f"{name}: int4_b32 ≤ 1.4× read floor", f"{_f(_ratio(ours, fl), 2)}×",
-              _within(_ratio(ours, fl), 1.4, spread), ("gemv", s.N, s.K, "int4_b32", "floor"), 1.4)
+              _within(_ratio(ours, fl), 1.4, spread), ("gemv", s.N, s.K, "int4_b32", "floor"), 1.4,
+              name=GEMV_BESIDE_PEERS)
     for name, speedup in MOE_OVER_BF16.items():
         here = [r for r in rec["rows"] if r["model"] == name and r["layer"] == "moe" and r["rows"] == 1]
         best, fl = best_ours_moe(rec, name, 1), _floor(here)
@@ -373,11 +387,12 @@ def targets(rec, anchors=(), spread: float = 0.0, paired=None) -> list[Check]:
         bf = _us(rec, "bf16_loop", model=name, layer="moe", rows=1)
         check(f"{name} one-token MoE layer ≤ {MOE_FLOOR_LIMIT}× read floor of routed bytes",
               f"{_f(best, 2)} / {_f(fl, 2)} µs = {_f(_ratio(best, fl), 2)}×",
-              _within(_ratio(best, fl), MOE_FLOOR_LIMIT, spread), ("moe", name, 1, impl, "floor"), MOE_FLOOR_LIMIT)
+              _within(_ratio(best, fl), MOE_FLOOR_LIMIT, spread), ("moe", name, 1, impl, "floor"), MOE_FLOOR_LIMIT,
+              name=ONE_TOKEN_MOE)
         lead = _ratio(bf, best)
         check(f"{name} one-token MoE layer ≥ {speedup:g}× the bf16 loop", f"{_f(lead, 2)}×",
               _status(None if lead is None else lead >= speedup, None if lead is None else lead / speedup - 1, spread),
-              ("moe", name, 1, "bf16_loop", impl), speedup, at_most=False)
+              ("moe", name, 1, "bf16_loop", impl), speedup, at_most=False, name=ONE_TOKEN_MOE)
     for name in MOE_OVER_BF16:
         for T in BATCH_TOKENS:
             here = [r for r in rec["rows"] if r["model"] == name and r["layer"] == "moe" and r["rows"] == T]
@@ -386,25 +401,58 @@ def targets(rec, anchors=(), spread: float = 0.0, paired=None) -> list[Check]:
             bf, gm = (_us(rec, i, model=name, layer="moe", rows=T) for i in MOE_PEERS)
             check(f"{name} MoE, {T} tokens: best int4 ≤ {BATCH_FLOOR_LIMIT}× read floor of unique experts",
                   f"{_f(_ratio(best, fl), 2)}×", _within(_ratio(best, fl), BATCH_FLOOR_LIMIT, spread),
-                  ("moe", name, T, impl, "floor"), BATCH_FLOOR_LIMIT)
+                  ("moe", name, T, impl, "floor"), BATCH_FLOOR_LIMIT, name=BATCHED_MOE)
             slow = min((t for t in (bf, gm) if t is not None), default=None)
             ok = None if best is None or None in (bf, gm) else slow / best >= BATCH_SPEEDUP
             edge = f" ({slow / best:.3f}×)" if ok is not None and abs(slow / best / BATCH_SPEEDUP - 1) < spread else ""
             out.append(Check(f"{name} MoE, {T} tokens: best int4 ≥ {BATCH_SPEEDUP:g}× faster than bf16 loop and "
                              "grouped_mm", f"bf16 loop {_f(_ratio(bf, best), 2)}×, grouped_mm "
                              f"{_f(_ratio(gm, best), 2)}×{edge}",
-                             _status(ok, None if ok is None else slow / best / BATCH_SPEEDUP - 1, spread)))
+                             _status(ok, None if ok is None else slow / best / BATCH_SPEEDUP - 1, spread),
+                             name=BATCHED_MOE))
     return out
 
 
 def targets_table(checks) -> str:
-    lines = ["| target | measured | status |", "|---|---|---|"]
-    lines += [_line([c.target, c.measured, c.status]) for c in checks]
+    lines = ["| target | check | measured | status |", "|---|---|---|---|"]
+    lines += [_line([c.name, c.target, c.measured, c.status]) for c in checks]
+    return "\n".join(lines)
+
+
+def target_definitions() -> str:
+    """The targets' names and what each asks, from the limits the checks use (one place: RESULTS.md prints it)."""
+    big = ", ".join(f"{N}×{K}" for N, K in BIG_SHAPES)
+    leads = " / ".join(f"{v:g}×" for v in MOE_OVER_BF16.values())
+    models = " / ".join(m.capitalize() if m != "olmoe" else "OLMoE" for m in MOE_OVER_BF16)
+    tokens = f"{BATCH_TOKENS[0]}–{BATCH_TOKENS[-1]}"
+    return "\n".join([
+        f"- **{GEMV_FLOOR}**: each big batch-1 GEMV ({big}) takes at most 1.15× its read floor.",
+        f"- **{GEMV_BESIDE_PEERS}**: every batch-1 decode shape of the three models is faster than bf16 cuBLAS, "
+        "tinygemm, GemLite and the recorded llama.cpp Q4_0 time, and takes at most 1.4× its read floor.",
+        f"- **{ONE_TOKEN_MOE}**: the MoE layer at one token (gate_up, SwiGLU, down, weighted combine) takes at most "
+        f"{MOE_FLOOR_LIMIT}× the read floor of its routed experts' bytes and is at least {leads} faster than the "
+        f"bf16 per-expert loop ({models}).",
+        f"- **{BATCHED_MOE}**: the MoE layer at {tokens} tokens takes at most {BATCH_FLOOR_LIMIT}× the read floor of "
+        f"the unique routed experts' bytes and is at least {BATCH_SPEEDUP:g}× faster than both the bf16 loop and "
+        "`torch._grouped_mm`.",
+        "",
+        "The **read floor** of a row is the time of a kernel that only reads the same int4-b32 bytes, timed the same "
+        "way in the same run (`lab/bench/floor.py`), so every ratio is measured on one GPU in one run.",
+    ])
+
+
+def misses_table(checks) -> str:
+    """The checks that miss (or are undecided), by named target: the kernel notes' table of what is left."""
+    left = [c for c in checks if c.status in ("miss", "undecided")]
+    if not left:
+        return "Every target is met."
+    lines = ["| target | check | measured | status |", "|---|---|---|---|"]
+    lines += [_line([c.name, c.target, c.measured, c.status]) for c in left]
     return "\n".join(lines)
 
 
 def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
-    """The whole README block: provenance, method, GEMV, MoE and target tables, skipped count. `spread`: the
+    """RESULTS.md's decode block: provenance, method, GEMV, MoE and target tables, skipped count. `spread`: the
     run-to-run spread (run_to_run) under which a target's margin is "undecided"; `paired` (paired_ratios)
     settles such a target where it holds the same ratio."""
     p = rec["provenance"]
@@ -415,7 +463,7 @@ def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
     n_open = sum(c.status == "undecided" for c in checks)
     has_floor = any("floor_us" in r for r in rec["rows"])
     parts = [
-        f"Generated by `python -m lab.report` from `data/receipts/decode_h200.json` "
+        f"Generated by `python -m lab.report --results RESULTS.md` from `data/receipts/decode_h200.json` "
         f"({p.get('device')}, torch {p.get('torch')}, triton {p.get('triton')}, commit `{p.get('commit')}`, "
         f"{p.get('date')}; `{portable_command(p.get('command'))}`). µs per call, median of "
         + ("samples of at least 16 calls (CUDA-graph replays back to back)" if rec.get("method", {}).get("min_calls")
@@ -424,9 +472,9 @@ def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
            if rec.get("method", {}).get("prefill_cycles") else "")
         + (f", after {rec['method']['warmup_ms']:.0f} ms of replays (the GPU's slow first ~10 ms of load stay out)"
            if rec.get("method", {}).get("warmup_ms") else "") +
-        f", weights rotated beyond L2. Read floor: a kernel that only reads the row's int4-b32 bytes (MoE: the "
-        f"unique routed experts'), best of a few launch configurations, timed the same way in the same run; "
-        f"a peer's cell gives its µs and (peer / int4_b32)."
+        ", weights rotated beyond L2. Read floor: a kernel that only reads the row's int4-b32 bytes (MoE: the "
+        "unique routed experts'), best of a few launch configurations, timed the same way in the same run; "
+        "a peer's cell gives its µs and (peer / int4_b32)."
         + (f" One launch costs {rec['launch']['us']:.2f} µs in a graph (the floor kernel over one word)."
            if "launch" in rec else "")
         + ("" if has_floor else " **This receipt predates the read floor**: its floor and ratio columns read –.")
@@ -434,14 +482,14 @@ def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
            " **Partial run**: the harness stopped before its schedule was done."),
         "**Batch-1 GEMV, µs**\n\n" + gemv_table(rec, anchors),
         "**MoE layer (gate_up, SwiGLU, down, weighted combine), µs**\n\n" + moe_table(rec, anchors),
-        f"**Targets (issues 12 and 14): {n_pass} of {len(checks)} met, {n_open} undecided, {n_none} not measured**"
+        f"**Targets: {n_pass} of {len(checks)} met, {n_open} undecided, {n_none} not measured**"
         + (f" (undecided: met or missed by less than {100 * spread:.1f} %, the 90th percentile of how far the same "
            "torch kernels' medians moved between two bench runs, `report.run_to_run`)" if spread else "")
         + (f". {n_settled} targets within that spread were re-measured in paired rounds "
-           "(`python -m lab.bench.decide`, `data/receipts/decide_h200_*.json`, one file per device session, the "
-           "same kernel sources): each such row gives the ratio's median and the hull of every process's and "
-           "session's 95 % interval, and its status is decided only where that hull lies on one side of the limit and no "
-           "earlier session on other kernel sources lies wholly on the other side" if n_settled else "")
+           "(`python -m lab.bench.decide`, `data/receipts/decide_h200_*.json`, one file per run, the same kernel "
+           "sources): each such row gives the ratio's median and the hull of every process's and run's 95 % "
+           "interval, and its status is decided only where that hull lies on one side of the limit and no earlier "
+           "run on other kernel sources lies wholly on the other side" if n_settled else "")
         + "\n\n" + targets_table(checks),
     ]
     if rec["skipped"]:
@@ -602,7 +650,8 @@ def _s(x) -> str:
 def realscale_table(receipts=RECEIPTS) -> str:
     """The real-checkpoint path (`python -m lab.realscale`): per architecture, what was measured at the
     published width on --layers layers and its extrapolation to the published depth (fixed + layers x
-    per_layer, the arithmetic in the receipt). "not yet measured" without the receipt."""
+    per_layer, the arithmetic in the receipt). "not yet measured" without the receipt. The receipt's decode
+    timing (int4 kernels against the bf16 model's eager expert loop) is left out: it is not a decode-step result."""
     path = Path(receipts) / REALSCALE
     if not path.exists():
         return (f"*Not yet measured*: `data/receipts/{REALSCALE}` does not exist. It is written by "
@@ -610,17 +659,13 @@ def realscale_table(receipts=RECEIPTS) -> str:
     r = read_receipt(path)
     lines = ["| model (published config) | measured | bf16 checkpoint | int4 checkpoint (GPTQ experts+attn) | "
              "load (bf16) | RTN experts+attn | GPTQ experts+attn | GPTQ per expert matrix | peak GPU / host "
-             "(gate, measured layers) | decode tok/s bf16 → int4 | device_map split |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "(gate, measured layers) | device_map split |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for arch, a in sorted(r.get("archs", {}).items()):
         ex = a.get("extrapolation", {})
         full = lambda k: (ex.get(k) or {}).get("full_depth")                       # noqa: E731
         g = a.get("gate") or {}
         gq = next((v for k, v in (g.get("gptq_per_layer") or {}).items() if k.startswith("gptq/experts+attn")), {})
-        dec = "–"
-        if "decode_step_s bf16" in ex:
-            dec = (f"{ex['decode_step_s bf16']['tokens_per_s_full_depth']:.0f} → "
-                   f"{ex['decode_step_s int4']['tokens_per_s_full_depth']:.0f}")
         split = a.get("gate_split") or {}
         placed = ", ".join(f"{k}: {v}" for k, v in sorted(split.get("device_map_entries", {}).items()))
         split_s = ("skipped" if "skipped" in split else "error" if "gate_split" in (a.get("errors") or {})
@@ -632,7 +677,7 @@ def realscale_table(receipts=RECEIPTS) -> str:
             _gb(full("bf16_bytes")), _gb(full("quantized_bytes")), _s(full("load_s")),
             _s(full("quantise_s rtn/experts+attn/W4A8")), _s(full("quantise_s gptq/experts+attn/W4A8 draw#0")),
             _s(gq.get("per_expert_matrix_s")),
-            f"{_gb(g.get('gpu_peak_bytes'))} / {_gb(g.get('host_peak_bytes'))}", dec, split_s]))
+            f"{_gb(g.get('gpu_peak_bytes'))} / {_gb(g.get('host_peak_bytes'))}", split_s]))
     lines.append("")
     # The gate holds the source and every arm at once: its weights alone are bf16 + arms x int4.
     from int4lab.gate import plan_arms
@@ -654,31 +699,133 @@ def realscale_table(receipts=RECEIPTS) -> str:
 
 def render_results(receipts=RECEIPTS) -> str:
     return "\n\n".join([
-        "Generated by `python -m lab.report --readme README.md` from the receipts in `data/receipts/`.",
+        "Generated by `python -m lab.report --results RESULTS.md` from the receipts in `data/receipts/`.",
         "**The small trained models** (`data/models/`, trained on Shakespeare's plays; ood = KJV)", train_table(receipts),
         "**Perplexity gates on the small models** (notebook 04; budget 1% relative perplexity)", gate_table(receipts),
         "**GPTQ pack time per layer**", pack_table(receipts)])
 
 
+# ------------------------------------------------------------------ the kernel notes' misses, the README's layout
+TARGETS_START, TARGETS_END = "<!-- targets:start -->", "<!-- targets:end -->"
+MISSES_START, MISSES_END = "<!-- misses:start -->", "<!-- misses:end -->"
+LAYOUT_START, LAYOUT_END = "<!-- layout:start -->", "<!-- layout:end -->"
+
+
+def misses_block(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
+    """The kernel notes' table of the targets the receipt misses (or leaves undecided), with its provenance."""
+    p = rec["provenance"]
+    checks = targets(rec, anchors, spread, paired)
+    n_pass = sum(c.status == "pass" for c in checks)
+    return (f"Generated by `python -m lab.report --notes notes/kernels.md` from `data/receipts/decode_h200.json` "
+            f"({p.get('device')}, commit `{str(p.get('commit'))[:12]}`, {str(p.get('date'))[:10]}): {n_pass} of "
+            f"{len(checks)} targets met. The targets are defined in RESULTS.md.\n\n" + misses_table(checks))
+
+
+# The README's tree: one line per folder, what it holds (written here) and its size (counted from the checkout).
+LAYOUT = (
+    ("int4lab/", "the library: the format, its packers (RTN, GPTQ, clip), Q4_0 and Paddle layouts, GGUF export"),
+    ("int4lab/kernels/", "the Triton kernels a launch plan runs, their launchers, the plans per GPU"),
+    ("int4lab/quantize/", "quantize_model: a model's layers, the int4 modules, the Hessian hook, save / load"),
+    ("int4lab/gate/", "the perplexity gate: texts, scoring, paired bootstrap, decode parity, lm-eval"),
+    ("int4lab/models/", "the small models' configurations, checkpoint and tokenizer loaders"),
+    ("lab/", "tools run from the repository root: report, real-width run, training, llama.cpp judge, ..."),
+    ("lab/bench/", "the timing harness: one CUDA-graph timer, the read floor, peers, paired rounds"),
+    ("lab/tune/", "launch-plan sweeps, the compiler's resource report, graph-replay determinism"),
+    ("lab/chapters/", "the chapters' experiments: format variants, calibration, GPTQ, accuracy"),
+    ("notebooks/", "the chapters"),
+    ("tests/", "pytest; the same suite runs on the CPU interpreter and on CUDA"),
+    ("notes/", "the kernel notes (floor, plan rows' evidence, misses) and the real-width run"),
+    ("data/", "what the chapters read: models, texts, tokenizer, receipts"),
+    ("data/receipts/", "every measurement with its provenance; every table and figure reads these"),
+    ("data/models/", "the three small trained models' checkpoints"),
+    ("data/corpus/", "the texts they are trained and judged on, with provenance"),
+    ("data/tokenizer/", "their tokenizer"),
+    ("data/tasks/", "lm-eval task definitions for the gate"),
+    ("figures/", "the chapters' figures (make notebooks rewrites them)"),
+)
+_COUNTED = (".py", ".md", ".sh")
+
+
+def tracked_files(root=None) -> list[str]:
+    """Paths of the files git tracks under `root` (default: the repository), relative to it; every file under it
+    but .git and .venv where git is not available."""
+    import subprocess
+    from int4lab.paths import ROOT
+    root = Path(root or ROOT)
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
+        return sorted(f for f in out.decode().split("\0") if f and (root / f).is_file())
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".git", ".venv"}
+        return sorted(str(f.relative_to(root)) for f in root.rglob("*")
+                      if f.is_file() and not skip & set(f.relative_to(root).parts))
+
+
+def folder_sizes(root=None, folders=None) -> dict[str, tuple[int, int]]:
+    """{folder: (tracked files under it, lines of its Python / Markdown / shell files)} for LAYOUT's folders."""
+    from int4lab.paths import ROOT
+    root = Path(root or ROOT)
+    files = tracked_files(root)
+    out = {}
+    for folder in folders or [f for f, _ in LAYOUT]:
+        mine = [f for f in files if f.startswith(folder)]
+        lines = sum(len((root / f).read_text(errors="replace").splitlines()) for f in mine if f.endswith(_COUNTED))
+        out[folder] = (len(mine), lines)
+    return out
+
+
+def layout_block(root=None) -> str:
+    """The README's tree: one line per LAYOUT folder, its size, and what it holds."""
+    sizes = folder_sizes(root)
+    rows = []
+    for folder, what in LAYOUT:
+        depth = folder.rstrip("/").count("/")
+        name = "  " * depth + folder.rstrip("/").split("/")[-1] + "/"
+        n, lines = sizes[folder]
+        size = f"{n} files" + (f", {lines:,} lines" if lines else "")
+        rows.append((name, size, what))
+    w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+    body = "\n".join(f"{a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows)
+    return ("Generated by `python -m lab.report --readme README.md`: tracked files per folder, and the lines of its "
+            "Python, Markdown and shell files.\n\n```text\n" + body + "\n```")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--receipt", type=Path, default=DEFAULT_OUT, help="decode receipt to tabulate")
-    ap.add_argument("--readme", type=Path, default=None, help="rewrite this file's perf-table block")
+    ap.add_argument("--results", type=Path, default=None,
+                    help="rewrite this file's generated blocks (RESULTS.md): the targets, the decode tables, the "
+                         "real-width checkpoints, the models / gates / packing")
+    ap.add_argument("--readme", type=Path, default=None,
+                    help="rewrite this file's layout block (README.md): each folder and its size")
+    ap.add_argument("--notes", type=Path, default=None,
+                    help="rewrite this file's misses block (notes/kernels.md): the targets the receipt misses")
     ap.add_argument("--anchors", type=Path, default=ANCHORS, help="folder with recorded llama.cpp timings")
     args = ap.parse_args(argv)
+    if args.readme:
+        print(f"rewrote {rewrite_readme(args.readme, layout_block(), LAYOUT_START, LAYOUT_END)}")
+        if not (args.results or args.notes):
+            return 0
     if not args.receipt.exists():
         print(f"no receipt at {args.receipt}: run `python -m lab.bench` on a CUDA machine first", file=sys.stderr)
         return 2
     rec = load(args.receipt)
-    spread = run_to_run(rec, load(REPEAT)) if REPEAT.exists() else None
-    block = render(rec, anchor_rows(args.anchors), spread or 0.0, paired_ratios(rec))
-    if args.readme:
-        print(f"rewrote {rewrite_readme(args.readme, block)}")
-        if RESULTS_START in Path(args.readme).read_text():      # the models/gates/packing block, if the file has one
-            rewrite_readme(args.readme, render_results(), RESULTS_START, RESULTS_END)
-        if REALSCALE_START in Path(args.readme).read_text():    # the real-checkpoint block
-            rewrite_readme(args.readme, realscale_table(), REALSCALE_START, REALSCALE_END)
-    else:
+    spread = (run_to_run(rec, load(REPEAT)) if REPEAT.exists() else None) or 0.0
+    anchors, paired = anchor_rows(args.anchors), paired_ratios(rec)
+    block = render(rec, anchors, spread, paired)
+    if args.results:
+        print(f"rewrote {rewrite_readme(args.results, block)}")
+        text = Path(args.results).read_text()
+        if TARGETS_START in text:                                # the named targets' definitions
+            rewrite_readme(args.results, target_definitions(), TARGETS_START, TARGETS_END)
+        if RESULTS_START in text:                                # the models / gates / packing block
+            rewrite_readme(args.results, render_results(), RESULTS_START, RESULTS_END)
+        if REALSCALE_START in text:                              # the real-checkpoint block
+            rewrite_readme(args.results, realscale_table(), REALSCALE_START, REALSCALE_END)
+    if args.notes:
+        misses = misses_block(rec, anchors, spread, paired)
+        print(f"rewrote {rewrite_readme(args.notes, misses, MISSES_START, MISSES_END)}")
+    if not (args.results or args.notes):
         print(block)
     return 0
 

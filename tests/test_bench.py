@@ -1,4 +1,4 @@
-"""The timing harness and the README report, without a GPU: shapes, byte formulas, receipt schema, the
+"""The timing harness and the report, without a GPU: shapes, byte formulas, receipt schema, the
 read-floor kernel (Triton interpreter), the peer registries, correctness gates, table generation from
 synthetic receipts, and the CLI's refusal to time on a CPU."""
 import numpy as np
@@ -557,11 +557,31 @@ def test_report_cli(tmp_path, capsys):
     assert "no receipt" in capsys.readouterr().err
     rec = _synthetic_receipt(tmp_path)
     assert rec["provenance"]["command"].startswith("synthetic test receipt")
-    readme = tmp_path / "README.md"
-    readme.write_text(f"{report.START}\n{report.END}\n")
-    assert report.main(["--receipt", str(tmp_path / "decode_synthetic.json"), "--readme", str(readme),
-                        "--anchors", str(tmp_path / "none")]) == 0
-    assert "Batch-1 GEMV" in readme.read_text()
+    results, notes = tmp_path / "RESULTS.md", tmp_path / "kernels.md"
+    results.write_text(f"# R\n{report.TARGETS_START}\n{report.TARGETS_END}\n{report.START}\n{report.END}\nhand\n")
+    notes.write_text(f"# N\n{report.MISSES_START}\nstale\n{report.MISSES_END}\n")
+    assert report.main(["--receipt", str(tmp_path / "decode_synthetic.json"), "--results", str(results),
+                        "--notes", str(notes), "--anchors", str(tmp_path / "none")]) == 0
+    text = results.read_text()
+    assert "Batch-1 GEMV" in text and f"**{report.BATCHED_MOE}**" in text and text.endswith("hand\n")
+    assert "stale" not in notes.read_text() and "4096×14336: int4_b32 ≤ 1.15× read floor" in notes.read_text()
+    readme = tmp_path / "README.md"                                    # the layout block needs no receipt
+    readme.write_text(f"# T\n{report.LAYOUT_START}\n{report.LAYOUT_END}\n")
+    assert report.main(["--readme", str(readme), "--receipt", str(tmp_path / "absent.json")]) == 0
+    assert "int4lab/" in readme.read_text() and "files" in readme.read_text()
+
+
+def test_every_target_has_a_name_and_the_misses_table_holds_only_misses(tmp_path):
+    rec = _synthetic_receipt(tmp_path)
+    checks = report.targets(rec, report.parse_ggml(GGML_SAMPLE))
+    names = {report.GEMV_FLOOR, report.GEMV_BESIDE_PEERS, report.ONE_TOKEN_MOE, report.BATCHED_MOE}
+    assert {c.name for c in checks} == names
+    table = report.misses_table(checks)
+    left = [c for c in checks if c.status in ("miss", "undecided")]
+    assert left and len(table.splitlines()) == 2 + len(left)
+    assert all(c.target not in table for c in checks if c.status == "pass")
+    assert all(f"**{n}**" in report.target_definitions() for n in names)
+    assert report.misses_table([c for c in checks if c.status == "pass"]) == "Every target is met."
 
 
 def test_report_figures_draw_from_a_synthetic_receipt(tmp_path):
@@ -735,7 +755,7 @@ def test_run_measures_each_floor_once_and_records_a_failing_one(monkeypatch, fak
 
 
 def test_results_block_from_committed_receipts():
-    """README's models/gates/packing block is generated from the receipts in data/receipts/."""
+    """RESULTS.md's models/gates/packing block is generated from the receipts in data/receipts/."""
     text = report.render_results()
     for arch in ("mixtral", "olmoe", "qwen3_moe"):
         assert f"| {arch} |" in text

@@ -1,5 +1,5 @@
 """bench.decide: the paired re-measurement that settles targets within the run-to-run spread (statistics and
-report wiring on the CPU; the timing itself needs CUDA and runs in the GPU session)."""
+report wiring on the CPU; the timing itself needs CUDA)."""
 import json
 import random
 
@@ -90,7 +90,7 @@ def test_report_settles_an_undecided_target_with_the_paired_interval(tmp_path):
     status = lambda paired: {c.target: c for c in report.targets(rec, anchors, 0.05, paired)}[big]
     assert status({}).status == "undecided" and not status({}).paired
     inside = report.paired_ratios(rec, [_decide_receipt(tmp_path / "a.json", "k1", 1.105, 1.118)])
-    assert status(inside).paired and status(inside).status == "pass" and "paired: 1.111× [1.105, 1.118], 15 rounds x 3 processes x 1 session" in \
+    assert status(inside).paired and status(inside).status == "pass" and "paired: 1.111× [1.105, 1.118], 15 rounds x 3 processes x 1 run" in \
         status(inside).measured
     assert status(report.paired_ratios(rec, [_decide_receipt(tmp_path / "b.json", "k1", 1.151, 1.16)])).status == "miss"
     assert status(report.paired_ratios(rec, [_decide_receipt(tmp_path / "c.json", "k1", 1.14, 1.16)])).status \
@@ -112,9 +112,9 @@ def test_measure_gives_one_median_per_round_and_item():
     assert all(len(v) == 6 and min(v) > 0 for v in out["us"].values())
 
 
-def test_sessions_that_disagree_leave_the_target_undecided(tmp_path):
-    """Two device sessions of the same kernels pool into the hull of their intervals: one session under the limit and
-    one over it decide nothing, whatever each says alone."""
+def test_runs_that_disagree_leave_the_target_undecided(tmp_path):
+    """Two runs of the same kernels pool into the hull of their intervals: one run under the limit and one over
+    it decide nothing, whatever each says alone."""
     rec = _synthetic_receipt(tmp_path)
     rec["provenance"]["kernel_sources_sha256"] = "k1"
     anchors = report.parse_ggml(GGML_SAMPLE)
@@ -123,14 +123,14 @@ def test_sessions_that_disagree_leave_the_target_undecided(tmp_path):
     over = _decide_receipt(tmp_path / "s2.json", "k1", 1.152, 1.160)
     paired = report.paired_ratios(rec, [under, over])
     d = paired[("gemv", 14336, 4096, "int4_b32", "floor")]
-    assert (d["lo"], d["hi"]) == (1.105, 1.160) and "x 2 sessions" in d["n"]
+    assert (d["lo"], d["hi"]) == (1.105, 1.160) and "x 2 runs" in d["n"]
     check = {c.target: c for c in report.targets(rec, anchors, 0.05, paired)}[big]
-    assert check.status == "undecided" and "session medians 1.111, 1.156" in check.measured
+    assert check.status == "undecided" and "run medians 1.111, 1.156" in check.measured
     agree = report.paired_ratios(rec, [under, _decide_receipt(tmp_path / "s3.json", "k1", 1.10, 1.12)])
     assert {c.target: c.status for c in report.targets(rec, anchors, 0.05, agree)}[big] == "pass"
 
 
-def test_a_stale_session_can_withhold_a_verdict_but_never_grant_one(tmp_path):
+def test_a_stale_run_can_withhold_a_verdict_but_never_grant_one(tmp_path):
     rec = _synthetic_receipt(tmp_path)
     rec["provenance"]["kernel_sources_sha256"] = "k1"
     anchors = report.parse_ggml(GGML_SAMPLE)
@@ -139,7 +139,7 @@ def test_a_stale_session_can_withhold_a_verdict_but_never_grant_one(tmp_path):
     status = lambda *paths: {c.target: c for c in report.targets(rec, anchors, 0.05,
                                                                  report.paired_ratios(rec, list(paths)))}[big]
     against = status(now, _decide_receipt(tmp_path / "old_over.json", "k0", 1.152, 1.160))
-    assert against.status == "undecided" and "earlier session on other kernel sources read 1.156×" in against.measured
+    assert against.status == "undecided" and "earlier run on other kernel sources read 1.156×" in against.measured
     assert status(now, _decide_receipt(tmp_path / "old_under.json", "k0", 1.10, 1.12)).status == "pass"
     assert status(now, _decide_receipt(tmp_path / "old_across.json", "k0", 1.14, 1.16)).status == "pass"
     assert status(_decide_receipt(tmp_path / "only_old.json", "k0", 1.10, 1.12)).status == "undecided"

@@ -112,5 +112,5 @@ def finish_rows(y, valid, r, m_mask, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, 
             tl.store(out_ptr + t[:, None] * N + offs_n[None, :], to_bf16_rne(acc), mask=lmask)
             # ready for the next launch (graph replay). Relaxed: nothing in this launch reads it, and the kernel
             # boundary orders it before the next launch's arrivals; acq_rel's MEMBAR first waited for the bf16
-            # stores, one more L2 round trip at the end of the launch (notes/perf.md v44: -2 to -2.5 %)
+            # stores, one more L2 round trip at the end of the launch (-2 to -2.5 %: notes/kernels.md, the misses)
             tl.atomic_xchg(cnt_ptr + tile, 0, mask=last, sem="relaxed")

@@ -9,29 +9,30 @@ NB blocks of the tile's BM rows (BM >= 4) and of the expert's [BLOCK_N, 32 * NB]
 them as one batched dot with the weights on the MMA's M side, [NB, BLOCK_N, 32] x [NB, 32, BM] ->
 [NB, BLOCK_N, BM], exact in int32 per block. Why batched: the W4A8 format scales every 32-block on both
 sides, so the block sums cannot share one int32 accumulator; a batch of NB blocks per step puts NB times
-more bytes in flight than one block per step (the first version, latency-bound: notes/perf.md). Why the
-weights on the M side (mma.sync m16n8k32): the tile's few rows then fill the N side (8 wide) instead of
-a padded M of 16, and the compiler stops copying the activation fragment before every MMA (the MMA's
-output took its registers): at bm16 bn64 bk128 the loop is 271 SASS instructions per step instead of 292,
-at bm8 204 instead of 232 (compiler report, notes/perf.md v18).
+more bytes in flight than one block per step (the first version, latency-bound:
+data/receipts/tile_major_and_splits_h200.json). Why the weights on the M side (mma.sync m16n8k32): the tile's
+few rows then fill the N side (8 wide) instead of a padded M of 16, and the compiler stops copying the
+activation fragment before every MMA (the MMA's output took its registers): at bm16 bn64 bk128 the loop is 271
+SASS instructions per step instead of 292, at bm8 204 instead of 232 (compiler report;
+data/receipts/grouped_mma_swapped_operands_h200.json).
 
-Half-height tiles (plan.half_tiles, v27): the scaling per row, column and block is most of the loop and runs for
+Half-height tiles (plan.half_tiles): the scaling per row, column and block is most of the loop and runs for
 every row of the tile, live or not, so a tile with at most BLOCK_M / 2 live rows runs the same loop at half the
 height (both heights are compiled in; the choice is per program, at run time). An expert's rows still share
 one tile and read its bytes once. Dead rows are masked out of every load: reading them (from x row 0, every
-program the same lines) made the tile 1.5-1.8x slower (notes/perf.md v26).
+program the same lines) made the tile 1.5-1.8x slower (measured at commit 5e98f8e).
 
-Scales a step ahead (v30): the scales of step i + 1 are loaded during step i. Triton's pipeliner stages the
+Scales a step ahead: the scales of step i + 1 are loaded during step i. Triton's pipeliner stages the
 dot's operands (x and the weights) through shared memory a few steps ahead, but not the scale loads, whose
 latency each step waited out: -2 to -7 % on the 16- and 32-row tiles and on OLMoE's 8-row tiles, 0 % on
-Qwen3's, same registers (notes/perf.md v30).
+Qwen3's, same registers (measured at commit 54a27bf).
 
-Weights through the Tensor Memory Accelerator (v42, plan.tma, sm_90): each step's [BLOCK_N, BLOCK_K / 2] bytes
+Weights through the Tensor Memory Accelerator (plan.tma, sm_90): each step's [BLOCK_N, BLOCK_K / 2] bytes
 arrive as one bulk copy of a TensorDescriptor box into shared memory, issued by one thread and waited on through
 an mbarrier, instead of 128 threads' cp.async copies of 8-16 bytes with their addresses. Same bits, same
-registers and shared memory; the MoE step 21-32 % faster on every tensor-core row (notes/perf.md v42). A box that
-runs past K or past the tensor reads zeros, as the masked loads did; rows past an expert's N are the next
-expert's and are never stored.
+registers and shared memory; the MoE step 21-32 % faster on every tensor-core row
+(data/receipts/tma_weights_h100.json). A box that runs past K or past the tensor reads zeros, as the masked loads
+did; rows past an expert's N are the next expert's and are never stored.
 
 Numerics: each block sum is scaled as d * (ws * xs) and accumulated per block column across the K steps,
 and the NB columns are folded once at the end by epilogue.fold_blocks: the grouped dp4a kernel's order,
@@ -84,7 +85,7 @@ def _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, t
     s_rows = ws_ptr + e * stride_se + offs_n[None, :].to(tl.int64) * KB                       # [1, BN]
     acc = tl.zeros([NB, BLOCK_N, BLOCK_M], dtype=tl.float32)   # per block column, folded after the loop
     # The scales of step i + 1 are loaded during step i: the pipeliner stages only the dot's operands (x, the
-    # weights) through shared memory, so a scale load in its own step was one exposed latency per step (v30).
+    # weights) through shared memory, so a scale load in its own step was one exposed latency per step.
     kb = split * TILES_PER_SPLIT * NB + offs_b                                                # [NB]
     asc = tl.load(as_rows + kb[:, None], mask=(kb < KB)[:, None] & m_mask[None, :], other=0.0)
     wsc = tl.load(s_rows + kb[:, None], mask=(kb < KB)[:, None] & n_mask[None, :], other=0.0)

@@ -12,8 +12,8 @@ from lab.bench import __doc__ as PACKAGE_DOC
 from lab.bench.harness import dry_run, run
 from lab.bench.schema import DEFAULT_OUT, IMPLS, validate_receipt
 
-# Start no new measurement after this many seconds: a full H200 run (the last measurement started before the
-# budget included) fits a 6-minute slot; what is left unstarted is listed as skipped.
+# Start no new measurement after this many seconds: a full H200 run, the last measurement started before the
+# budget included, takes under 6 minutes; what is left unstarted is listed as skipped.
 DEFAULT_BUDGET_S = 300.0
 
 

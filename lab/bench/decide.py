@@ -13,9 +13,9 @@ which side it is on. This re-measures only those pairs, paired and repeated:
 
 Specs: `gemv:NxK` (int4_b32 and the read floor of its bytes) and `moe:MODEL:T` (our MoE paths, the bf16
 per-expert loop and the read floor of the unique routed experts; at T > 1 also the grouped path and
-grouped_mm). Write one file per device session, `data/receipts/decide_h200_<commit>.json`: `report.paired_ratios`
-pools every session whose kernel hash matches the receipt's (sessions on other machines of a pool can differ by
-more than one session's intervals) and lets a session of other kernel sources withhold, never grant, a verdict.
+grouped_mm). Write one file per run, `data/receipts/decide_h200_<commit>.json`: `report.paired_ratios` pools
+every run whose kernel hash matches the receipt's (runs on two machines of the same model can differ by more than
+one run's intervals) and lets a run of other kernel sources withhold, never grant, a verdict.
     python -m lab.bench.decide --spec gemv:14336x4096 --spec moe:mixtral:1 --rounds 15 --processes 3 \\
         --out data/receipts/decide_h200_<commit>.json
 """

@@ -19,7 +19,7 @@ Method (what one `us` means):
   * before the first sample the graph replays for at least `WARMUP_MS` of GPU time. Why: after the host has
     been busy (preparing a row's weights, its reference, the graph capture) the H200 streams bytes 8-13 %
     slower for its first ~10 ms of load, then steps up and stays up (raw samples in
-    data/receipts/probe_bench_samples_h200.json, notes/perf.md v19c); with only a few warm-up replays that
+    data/receipts/probe_bench_samples_h200.json, notes/kernels.md); with only a few warm-up replays that
     step fell inside a row's 20 samples, and the median of a big row could land on either side of it.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Compile the GEMV and grouped kernels (plan rows and their neighbours) for a GPU target without a GPU and
 report what the compiler did with each.
 
-    TRITON_INTERPRET=0 python -m lab.tune.resources [--arch 90] [--out notes/gemv_resources_sm90.json]
+    TRITON_INTERPRET=0 python -m lab.tune.resources [--arch 90] [--out resources_sm90.json]
 
 For each launch-plan variant: registers per thread and spill bytes (ptxas -v, run on Triton's PTX with
 Triton's bundled ptxas), shared memory, and a count of the SASS instructions that matter here: the MMAs
@@ -9,7 +9,7 @@ Triton's bundled ptxas), shared memory, and a count of the SASS instructions tha
 barriers and shuffles (cross-thread reductions), CALLs (the IEEE-division slow path of div_rn), and the split-K
 finish's memory ordering (MEMBAR = a fence that waits for this thread's stores to reach L2, ATOMG, CCTL = an L1
 invalidate). Counts are
-static (instructions in the binary), not executed instructions. No device time: it answers "did the tile spill, is the
+static (instructions in the binary), not executed instructions. No GPU needed: it answers "did the tile spill, is the
 MMA the one we meant" before a timing run.
 """
 from __future__ import annotations

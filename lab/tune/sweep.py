@@ -1,7 +1,7 @@
 """Tune the GEMV launch plan on a GPU: time plan variants and MoE steps with the bench's timer.
 
-    python -m lab.tune.sweep --out data/receipts/kernel_sweep_h200.json [--budget-s 200] [--kinds dp4a]
-    python -m lab.tune.sweep --pick --out data/receipts/kernel_sweep_h200.json   # best dp4a plan, as JSON
+    python -m lab.tune.sweep --out sweep.json [--budget-s 200] [--kinds dp4a]
+    python -m lab.tune.sweep --pick --out sweep.json        # best dp4a plan, as JSON
 
 This is the tuning tool (which row to put in `int4lab/kernels/plan.py`); the side-by-side comparison with
 peers is `python -m lab.bench`. Timing is the bench's (`lab.bench.timing`): one CUDA graph over
@@ -98,8 +98,9 @@ def dense_weights(N, K, copies, dev):
     return packed, scales
 
 
-# dp4a grid (block_n, block_k, num_warps, waves), num_stages 2: the v5 sweep of notes/perf.md. With one launch
-# per GEMV, waves 0.25 means "split K only when the grid would be tiny" (a split costs ~2 us of tail latency).
+# dp4a grid (block_n, block_k, num_warps, waves), num_stages 2 (data/receipts/gemv_wide_k_tiles_h200.json). With
+# one launch per GEMV, waves 0.25 means "split K only when the grid would be tiny" (a split costs ~2 us of tail
+# latency).
 DP4A_GRID = [(bn, bk, nw, waves) for bn in (8, 16, 32) for bk in (1024, 2048, 4096) for nw in (4, 8)
              for waves in (0.25, 2.0)]
 
@@ -149,7 +150,7 @@ def sweep_dense(name, N, K, dev, full, rows, deadline, kinds=("dp4a",), l2=60 * 
           f"({row.get('best')})", flush=True)
 
 
-# Big-shape split sweep (v10): (block_n, block_k, num_warps, prefetch) x explicit split_k, one launch each.
+# Big-shape split sweep: (block_n, block_k, num_warps, prefetch) x explicit split_k, one launch each.
 SPLIT_CFGS = [(32, 1024, 4, False), (16, 2048, 4, False), (16, 1024, 4, False), (32, 1024, 4, True),
               (64, 512, 4, False)]
 SPLIT_SHAPES = [(4096, 14336), (28672, 8192)]
@@ -188,7 +189,7 @@ def sweep_splits(dev, rows, deadline, l2=60 * 2**20, replays=REPLAYS):
         torch.cuda.empty_cache()
 
 
-# Where the one-launch GEMV's time goes (v12): the same weights with x quantised inside (float x, the default),
+# Where the one-launch GEMV's time goes: the same weights with x quantised inside (float x, the default),
 # with int8 codes prepared by a separate launch (no quantisation inside), and that launch alone.
 CODES_SHAPES = [(4096, 14336), (28672, 8192), (14336, 4096), (4096, 4096), (2048, 2048), (2048, 768)]
 
@@ -290,12 +291,12 @@ GROUPED_TOKENS = (4, 16, 64, 2, 8, 32)
 
 
 # Tensor-core tiles (block_m, block_n, block_k, num_warps, num_stages): block_k / 32 blocks per batched dot.
-# The v10 probe (data/receipts/probe_v10_h200.json) tried bn 32-128 x bk 32-512; bn64 bk128 s3 won from 8 rows
-# per expert; v11 (probe_v11_h200.json) its neighbourhood. v14 (probe_v14_h200.json, the nibble split four
-# codes per instruction): bk256 and bm32 bn128 lose everywhere. v15: tiles of 4 and 8 rows (the compiler pads
-# the MMA; the float32 scaling covers only the tile's rows): bm8 bn64 wins at 4 mean rows, bm4 never.
-# v16: warps and stages around the v15 winners. v18: the weights on the MMA's M side (fewer instructions, other
-# register counts: bm32 bn64 239, bm32 bn32 128, bm16 bn128 168), so the tiles of 4-32 rows are tried again.
+# A probe of bn 32-128 x bk 32-512 (data/receipts/tile_major_and_splits_h200.json): bn64 bk128 s3 won from 8 rows
+# per expert; then its neighbourhood (grouped_one_row_tiles_h200.json); bk256 and bm32 bn128 lost everywhere.
+# Tiles of 4 and 8 rows (the compiler pads the MMA; the float32 scaling covers only the tile's rows): bm8 bn64
+# wins at 4 mean rows, bm4 never (grouped_mma_8_row_tiles_h200.json). With the weights on the MMA's M side
+# (fewer instructions, other register counts: bm32 bn64 239, bm32 bn32 128, bm16 bn128 168) the tiles of 4-32
+# rows were tried again (grouped_mma_swapped_operands_h200.json). notes/kernels.md, "Grouped rows", has the rest.
 MMA_GROUPED = [(4, 64, 128, 4, 3), (8, 64, 128, 4, 3), (16, 64, 128, 4, 3), (32, 64, 128, 4, 3),
                (8, 32, 128, 4, 3), (16, 32, 128, 4, 3), (32, 32, 128, 4, 3), (8, 128, 128, 4, 3),
                (16, 128, 128, 4, 3), (16, 64, 128, 4, 4), (32, 32, 128, 4, 4)]
