@@ -14,7 +14,7 @@ from .paths import ROOT
 def git_commit() -> str:
     """HEAD's hash, with '+dirty' when the tree has uncommitted changes.
 
-    Where the checkout travels without its .git (the lent GPU machine), the caller passes the hash in
+    Where the checkout is copied without its .git (e.g. to a GPU machine), the caller passes the hash in
     INT4LAB_GIT_COMMIT; 'unknown' when neither is available.
     """
     import os

@@ -655,7 +655,7 @@ def realscale_table(receipts=RECEIPTS) -> str:
     path = Path(receipts) / REALSCALE
     if not path.exists():
         return (f"*Not yet measured*: `data/receipts/{REALSCALE}` does not exist. It is written by "
-                "`lab/realscale_session.sh` (`python -m lab.realscale`) on a GPU.")
+                "`lab/realscale_run.sh` (`python -m lab.realscale`) on a GPU.")
     r = read_receipt(path)
     lines = ["| model (published config) | measured | bf16 checkpoint | int4 checkpoint (GPTQ experts+attn) | "
              "load (bf16) | RTN experts+attn | GPTQ experts+attn | GPTQ per expert matrix | peak GPU / host "

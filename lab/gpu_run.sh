@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# One lent-GPU session: the suite on CUDA, replay determinism, compute-sanitizer on the final kernels, then
+# One GPU machine, one call: the suite on CUDA, replay determinism, compute-sanitizer on the final kernels, then
 # every kernel timed beside its peers and the read floor (the bench stops starting rows after its budget).
 # Usage (on the GPU machine, repo root, $OUT set by the device tool; the checkout travels without .git):
-#   INT4LAB_GIT_COMMIT=<sha> bash lab/gpu_session.sh [--with-sweep] [--with-pack]
+#   INT4LAB_GIT_COMMIT=<sha> bash lab/gpu_run.sh [--with-sweep] [--with-pack]
 # Give the sha literally (computed on this side: the GPU copy may carry a stale .git whose HEAD is wrong).
-#   STAGES=checks bash lab/gpu_session.sh   then   STAGES=bench bash ...   (two calls of < 10 minutes)
-#   TESTS_K="moe or gemv": the checks stage runs only those tests of tests/test_kernels.py (short device time)
+#   STAGES=checks bash lab/gpu_run.sh   then   STAGES=bench bash ...   (two calls of < 10 minutes)
+#   TESTS_K="moe or gemv": the checks stage runs only those tests of tests/test_kernels.py (a shorter call)
 #   STAGES=grouped,quick: the grouped MoE sweep (lab.tune.sweep --grouped) and a quick bench, a probe call
 #   (GROUPED_TOKENS="4 16 64" limits the sweep's batches; GROUPED_BUDGET_S its seconds)
 # Writes under $OUT: cuda_tests_h200.txt, replay_check.json, sanitizer_h200.txt, decode_h200.json (with the
@@ -23,7 +23,7 @@ t0=$(date +%s)
 STAGES=${STAGES:-checks,bench}
 if [[ $STAGES == *checks* ]]; then
 echo "== 1. test suite on CUDA (the GPU-relevant files; lm-eval is not on the image)"
-if [ -n "${TESTS_K:-}" ]; then   # a subset of tests/test_kernels.py (pytest -k), when device time is short
+if [ -n "${TESTS_K:-}" ]; then   # a subset of tests/test_kernels.py (pytest -k), for a shorter call
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py -k "$TESTS_K" 2>&1 \
     | tee "$OUT/cuda_tests_h200.txt" | tail -6
 else

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# One lent-GPU call: the real-checkpoint path at the published widths (issue 15). Per architecture, in its
+# One GPU call: the real-checkpoint path at the published widths. Per architecture, in its
 # own process (a crash or timeout loses only that one): a synthetic checkpoint of --layers decoder layers,
 # the gate on it by path (cuda, then device_map auto with a GPU/host max_memory split), save / reload of the
 # quantised model, decode tokens/s int4 vs bf16; the receipt is merged after each architecture.
 # Usage (on the GPU machine, repo root, $OUT set by the device tool; carry .whl for transformers 5.23):
-#   INT4LAB_GIT_COMMIT=<sha> bash lab/realscale_session.sh
+#   INT4LAB_GIT_COMMIT=<sha> bash lab/realscale_run.sh
 # Give the sha literally (the checkout travels without a trustworthy .git). LAYERS=2 and ARCHS override.
 # Writes under $OUT: realscale_h200.json (the receipt), realscale_log.txt.
 set -uo pipefail
