@@ -249,6 +249,7 @@ def test_prefill_experts_other_activations_and_the_loop(act, act_fn, grouped, de
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="bit-exact on the CPU only: cuBLAS and the grouped GEMM "
                     "sum in their own orders (the bounds above hold on CUDA)")
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")     # the interpreter on rows no expert computes
 @pytest.mark.parametrize("grouped", [None, False])
 def test_prefill_experts_is_exactly_its_stated_composition(grouped):
     """The chain of the module doc from torch's own pieces (bf16 GEMM per expert, router weights in float32,
@@ -332,3 +333,26 @@ def test_bad_arguments_are_refused(device):
     with pytest.raises(ValueError, match="min_rows"):
         with prefill_rows(mod, -1):
             pass
+
+
+# ------------------------------------------------------------------------------------------ the lab script
+
+def test_prefill_bench_runs_end_to_end_at_tiny_width(tmp_path):
+    """lab.prefill_bench on a 1-layer tiny Mixtral, 4 tokens (CPU: the kernels in the interpreter): the
+    receipt holds the three arms, the ratios, the logits differences and the sweep."""
+    import json
+
+    from lab.prefill_bench import main
+    out = tmp_path / "p.json"
+    assert main(["--arch", "mixtral", "--width", "tiny", "--layers", "1", "--batches", "1x4", "--warmup", "0",
+                 "--repeats", "1", "--sweep", "2", "--device", "cpu", "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    (row,) = rec["rows"]
+    assert row["tokens"] == 4 and row["default_takes_prefill"] == {"attn": False, "experts": False}
+    assert all(row[a]["tokens_per_s"] > 0 for a in ("bf16", "decode", "prefill"))
+    assert row["prefill_over_bf16"] == row["prefill"]["tokens_per_s"] / row["bf16"]["tokens_per_s"]
+    d = row["logits"]
+    # the prefill path moves the logits far less than int4 quantisation itself does
+    assert 0 < d["prefill_vs_decode"]["max_rel"] < d["decode_vs_bf16"]["max_rel"] / 4
+    assert [(r["module"], r["rows"]) for r in rec["sweep"]] == [("attn", 2), ("experts", 2)]
+    assert rec["sources"] and rec["provenance"]["command"].startswith("python -m lab.prefill_bench")

@@ -82,15 +82,20 @@ def dequant_bf16_kernel(
     """
     e = tl.program_id(2).to(tl.int64)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_b = tl.program_id(1) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)     # byte index
+    offs_s = tl.program_id(1) * (BLOCK_K // 32) + tl.arange(0, BLOCK_K // 32)   # scale index
     offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    mask = (offs_n < N)[:, None] & (offs_k < K)[None, :]
+    live = offs_n < N
     if HAS_CNT:
-        mask = mask & (tl.load(cnt_ptr + e) > 0)
+        live = live & (tl.load(cnt_ptr + e) > 0)
     row = e * N + offs_n.to(tl.int64)                                          # [BLOCK_N]
-    byte = tl.load(p_ptr + row[:, None] * (K // 2) + (offs_k // 2)[None, :], mask=mask, other=0).to(tl.int32)
-    nib = (byte >> ((offs_k & 1) * 4)[None, :]) & 0xF
-    sc = tl.load(s_ptr + row[:, None] * (K // 32) + (offs_k // 32)[None, :], mask=mask, other=0.0)
-    w = (nib - 8).to(tl.float32) * sc.to(tl.float32)                           # exact in float32
+    byte = tl.load(p_ptr + row[:, None] * (K // 2) + offs_b[None, :],
+                   mask=live[:, None] & (offs_b < K // 2)[None, :], other=0).to(tl.int32)
+    q = tl.reshape(tl.join((byte & 0xF) - 8, (byte >> 4) - 8), [BLOCK_N, BLOCK_K // 32, 32])   # even k low
+    sc = tl.load(s_ptr + row[:, None] * (K // 32) + offs_s[None, :],
+                 mask=live[:, None] & (offs_s < K // 32)[None, :], other=0.0).to(tl.float32)
+    w = tl.reshape(q.to(tl.float32) * sc[:, :, None], [BLOCK_N, BLOCK_K])    # exact in float32
+    mask = live[:, None] & (offs_k < K)[None, :]
     tl.store(out_ptr + row[:, None] * K + offs_k[None, :], to_bf16_rne(w), mask=mask)
 
 
@@ -181,13 +186,17 @@ def dequant_int4_bf16(packed, scales, counts=None, out=None):
     return out
 
 
+def _check_act(act) -> None:
+    if act not in ("int8", "bf16"):
+        raise ValueError(f"act must be 'int8' (W4A8) or 'bf16' (W4A16), got {act!r}")
+
+
 def act_rows(x, act: str, rows=None, swiglu: bool = False, codes: bool = False):
     """The GEMM's bf16 activations [R_out, K] from x [R, K] (swiglu: [R, 2K], gate first): row i from x[rows[i]]
     (rows int [R_out], default all rows). act "int8": bf16(q * s) of the W4A8 codes (codes=True also
     returns q int8 and s float32, bit-identical to quant_x_rows_ref); "bf16": bf16 of the value."""
     check_tensor("x", x, FLOAT_DTYPES, (2,))
-    if act not in ("int8", "bf16"):
-        raise ValueError(f"act must be 'int8' or 'bf16', got {act!r}")
+    _check_act(act)
     check_rows_contiguous("x", x)
     K = x.shape[1] // 2 if swiglu else x.shape[1]
     if K <= 0 or K % 32 or (swiglu and x.shape[1] % 2):
@@ -246,7 +255,8 @@ def prefill_matmul(x, packed, scales, act: str = "int8"):
     doc: the weights decoded once to bf16, the W4A8 (or W4A16) activations in bf16, a cuBLAS bf16 GEMM."""
     check_tensor("x", x, FLOAT_DTYPES, (2,))
     check_tensor("packed", packed, (torch.uint8,), (2,))
-    N, K = packed.shape[0], packed.shape[1] * 2
+    _check_act(act)
+    K = packed.shape[1] * 2
     if x.shape[1] != K:
         raise ValueError(f"x must have K = packed.shape[1] * 2 = {K} columns, got {x.shape[1]}")
     check_devices(x=x, packed=packed)
@@ -284,6 +294,7 @@ def prefill_moe(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed
     check_tensor("topk_ids", topk_ids, (torch.int32, torch.int64), (2,))
     check_tensor("topk_w", topk_w, FLOAT_DTYPES, (2,))
     check_shape("topk_w", topk_w, topk_ids.shape)
+    _check_act(act)
     E, I2, H = gate_up_packed.shape[0], gate_up_packed.shape[1], gate_up_packed.shape[2] * 2
     check_packed(gate_up_packed, gate_up_scales, I2, H, names=("gate_up_packed", "gate_up_scales"))
     check_packed(down_packed, down_scales, H, I2 // 2, names=("down_packed", "down_scales"))
