@@ -337,15 +337,15 @@ def test_bad_arguments_are_refused(device):
 
 # ------------------------------------------------------------------------------------------ the lab script
 
-def test_prefill_bench_runs_end_to_end_at_tiny_width(tmp_path):
-    """lab.prefill_bench on a 1-layer tiny Mixtral, 4 tokens (CPU: the kernels in the interpreter): the
+def test_prefill_bench_runs_end_to_end_at_tiny_width(tmp_path, device):
+    """lab.prefill_bench on a 1-layer tiny Mixtral, 4 tokens (on a CPU the kernels run in the interpreter): the
     receipt holds the three arms, the ratios, the logits differences and the sweep."""
     import json
 
     from lab.prefill_bench import main
     out = tmp_path / "p.json"
     assert main(["--arch", "mixtral", "--width", "tiny", "--layers", "1", "--batches", "1x4", "--warmup", "0",
-                 "--repeats", "1", "--sweep", "2", "--device", "cpu", "--out", str(out)]) == 0
+                 "--repeats", "1", "--sweep", "2", "--device", device, "--out", str(out)]) == 0
     rec = json.loads(out.read_text())
     (row,) = rec["rows"]
     assert row["tokens"] == 4 and row["default_takes_prefill"] == {"attn": False, "experts": False}

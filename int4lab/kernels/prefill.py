@@ -8,9 +8,10 @@ the dot products on CUDA cores: right for 1-16 rows, where the bytes are the cos
 thousands of rows per weight; there the products are the cost, and they belong on the tensor cores.
 
 Design, of the two ways to reach the tensor cores:
-  (a) int4 x int8 tensor-core matmuls with the W4A8 epilogue (an exact int32 dot per 32-block, times both
-      scales, summed in float32): exact, but a scale multiply-add per 32-deep block of every output tile
-      keeps such a kernel well below cuBLAS's bf16 throughput;
+  (a) int8 tensor-core matmuls with the W4A8 numerics (an exact int32 dot per 32-block, times both scales,
+      summed in float32): exact, but every 32-deep step of a 128 x 128 output tile needs 16 K scale FMAs on
+      the CUDA cores beside the 512 K int8 MACs of the tensor cores, which run ~30x faster (H100): the
+      epilogue costs about as much as the MMA, and bf16 speed would take a hand-scheduled kernel;
   (b) (this file) decode the weights once per call to bf16 [N, K] (experts: [E, N, K], routed experts only),
       quantise the activations exactly as W4A8 does and hand their dequantised values to cuBLAS (dense:
       torch.mm) or to a grouped bf16 GEMM (experts: torch._grouped_mm; a per-expert loop where absent).
@@ -34,9 +35,9 @@ Numerics of (b), per output y[r, n] = sum_k a[r, k] * w[n, k], against `int4_mat
     up to the float32 summation term alone (each operand rounded once, nothing else).
   * Size of the change: bf16(w) moves a weight by <= 2**-8 |w| <= s_w / 32, 1/16 of int4's own rounding
     (s_w / 2). bf16(a) moves an activation by <= 2**-8 |a| <= amax / 256, as much as int8's own rounding
-    (s_x / 2 = amax / 254) at the block's largest values, so W4A8 scoring through this path carries up to
-    twice the activation error of the decode kernels (about 1.1x in rms for uniform codes). lab/prefill_bench
-    measures the effect on logits.
+    (s_x / 2 = amax / 254) at the block's largest values: up to twice the decode kernels' activation error
+    per value, about 1.07x in rms for codes uniform in [-127, 127] (less for bell-shaped activations, whose
+    codes are mostly small). lab/prefill_bench measures the effect on logits against the decode kernels.
   * Why not fp16 operands (u = 2**-11): the GEMM needs one dtype for both, and fp16's range (65504, and
     subnormals below 2**-14) would need per-row scaling and range checks for activations and for scales
     above 8188, an fp32 GEMM output and a rescale epilogue: not simple; bf16 keeps float32's range.
