@@ -36,8 +36,8 @@ Numerics of (b), per output y[r, n] = sum_k a[r, k] * w[n, k], against `int4_mat
   * Size of the change: bf16(w) moves a weight by <= 2**-8 |w| <= s_w / 32, 1/16 of int4's own rounding
     (s_w / 2). bf16(a) moves an activation by <= 2**-8 |a| <= amax / 256, as much as int8's own rounding
     (s_x / 2 = amax / 254) at the block's largest values: up to twice the decode kernels' activation error
-    per value, about 1.07x in rms for codes uniform in [-127, 127] (less for bell-shaped activations, whose
-    codes are mostly small). lab/prefill_bench measures the effect on logits against the decode kernels.
+    per value, under 1.1x in rms for codes uniform in [-127, 127] and under 1.06x for Gaussian activations
+    (asserted in tests/test_prefill.py). lab/prefill_bench measures the effect on logits.
   * Why not fp16 operands (u = 2**-11): the GEMM needs one dtype for both, and fp16's range (65504, and
     subnormals below 2**-14) would need per-row scaling and range checks for activations and for scales
     above 8188, an fp32 GEMM output and a rescale epilogue: not simple; bf16 keeps float32's range.
