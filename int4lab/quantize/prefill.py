@@ -8,13 +8,13 @@ R * k / E for an Int4Experts (the mean routed rows per expert). The module attri
 PREFILL_MIN_ROWS; `prefill_rows(model, n)` changes it for a block (0: always, a huge n: never).
 
 Why 64, and why rows per weight: the prefill path pays ~4.6 bytes of memory traffic per weight per call
-(decode 0.5625 read + 2 written, the GEMM's 2 read back) where a decode kernel reads 0.5625 once; that is
-paid back by tensor-core products only once a decoded weight serves tens of rows, the same count for a
-dense layer and for one expert, hence the criterion on rows per weight. Decode steps have 1-16 tokens:
-at most 16 rows per dense weight, and for experts 16 * k / E rows (2 for OLMoE's 8 of 64), far below; a
-scoring batch of 16 x 256 tokens has 4096 rows per dense weight and 512 per OLMoE expert, far above. 64
-is 4x the largest decode step; `python -m lab.prefill_bench --sweep ...` times both paths per row count
-on the GPU, to check where they cross.
+(decode 0.5625 read + 2 written, the GEMM's 2 read back) where a decode kernel reads 0.5625 once; the
+tensor cores pay that back through the rows each decoded weight serves, so the break-even is a count of
+rows per weight, the same for a dense layer and for one expert. Decode steps have 1-16 tokens: at most 16
+rows per dense weight, and for experts 16 * k / E rows (2 for OLMoE's 8 of 64), below 64; a scoring batch
+of 16 x 256 tokens has 4096 rows per dense weight and 512 per OLMoE expert, far above. 64 (4x the largest
+decode step) is a choice between those, not a measured crossover: `python -m lab.prefill_bench --sweep`
+times both paths per row count on the GPU, and the constant should follow its receipt.
 """
 from __future__ import annotations
 
