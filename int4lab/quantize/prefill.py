@@ -1,0 +1,66 @@
+"""When the int4 modules take the prefill path, and its forwards (the numerics: int4lab/kernels/prefill.py).
+
+Shape legend: R = rows (tokens), H = hidden size, E = experts, k = experts per token.
+
+A module whose kernels are on (CUDA tensors, or `kernels_on_cpu`) sends a call through the prefill path
+when every weight it decodes serves, on average, at least `prefill_min_rows` rows: R for an Int4Linear,
+R * k / E for an Int4Experts (the mean routed rows per expert). The module attribute defaults to
+PREFILL_MIN_ROWS; `prefill_rows(model, n)` changes it for a block (0: always, a huge n: never).
+
+Why 64, and why rows per weight: the prefill path pays ~4.6 bytes of memory traffic per weight per call
+(decode 0.5625 read + 2 written, the GEMM's 2 read back) where a decode kernel reads 0.5625 once; the
+tensor cores pay that back through the rows each decoded weight serves, so the break-even is a count of
+rows per weight, the same for a dense layer and for one expert. Decode steps have 1-16 tokens: at most 16
+rows per dense weight, and for experts 16 * k / E rows (2 for OLMoE's 8 of 64), below 64; a scoring batch
+of 16 x 256 tokens has 4096 rows per dense weight and 512 per OLMoE expert, far above. 64 (4x the largest
+decode step) is a choice between those, not a measured crossover: `python -m lab.prefill_bench --sweep`
+times both paths per row count on the GPU, and the constant should follow its receipt.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+PREFILL_MIN_ROWS = 64
+
+
+def prefill_linear(mod, x: torch.Tensor) -> torch.Tensor:
+    """Int4Linear.forward through `prefill_matmul`: [..., K] -> [..., N] in x's dtype, + bias as the module adds it."""
+    from ..kernels.prefill import prefill_matmul
+    x2 = x.reshape(-1, mod.in_features)
+    y = prefill_matmul(x2, mod.packed, mod.scales, mod.act).to(x.dtype)
+    if mod.bias is not None:
+        y = y + mod.bias
+    return y.reshape(*x.shape[:-1], mod.out_features)
+
+
+def prefill_experts(mod, hidden_states, top_k_index, top_k_weights, grouped: bool | None = None):
+    """Int4Experts.forward through `prefill_moe`: hidden [R, H], top_k_index [R, k], top_k_weights [R, k]
+    -> [R, H] in hidden's dtype (the block's bf16 output). SwiGLU fused when the module's act_fn computes
+    SiLU (`mod.swiglu`), else act_fn(gate) * up in float32."""
+    from ..kernels.prefill import prefill_moe
+    y = prefill_moe(hidden_states, top_k_index, top_k_weights, mod.gate_up_packed, mod.gate_up_scales,
+                    mod.down_packed, mod.down_scales, mod.act, None if mod.swiglu else mod.act_fn, grouped)
+    return y.to(hidden_states.dtype)
+
+
+@contextlib.contextmanager
+def prefill_rows(model: torch.nn.Module, min_rows: int):
+    """Inside this block the int4 modules of `model` take the prefill path from `min_rows` rows per weight
+    (module doc); their previous setting is restored on exit."""
+    from .modules import _Int4Module
+    if not isinstance(min_rows, int) or isinstance(min_rows, bool) or min_rows < 0:
+        raise ValueError(f"min_rows must be a non-negative int, got {min_rows!r}")
+    mods = [m for m in model.modules() if isinstance(m, _Int4Module)]
+    old = [m.__dict__.get("prefill_min_rows") for m in mods]
+    for m in mods:
+        m.prefill_min_rows = min_rows
+    try:
+        yield model
+    finally:
+        for m, o in zip(mods, old):
+            if o is None:
+                del m.prefill_min_rows          # back to the class default
+            else:
+                m.prefill_min_rows = o

@@ -1,0 +1,271 @@
+"""Scoring forwards: bf16 against int4 through the decode kernels and through the prefill path.
+
+    python -m lab.prefill_bench --out data/receipts/prefill_h100.json --sweep 16,64,256,1024,4096   # a GPU
+    python -m lab.prefill_bench --arch mixtral --width tiny --layers 1 --batches 1x8 --out p.json  # CPU
+
+The model is a synthetic checkpoint's, built in memory (lab.synth: the published configuration cut to
+--layers decoder layers, random normal(0, initializer_range) weights, bf16). Per batch shape B x T of
+random token ids, `model(ids).logits` is timed (CUDA events; median of --repeats after --warmup) for:
+  bf16     the model as built (transformers' default experts implementation: grouped_mm where available);
+  decode   after quantize_model(m, "rtn", --targets, --act), every int4 module on the decode kernels
+           (`prefill_rows(model, never)`), as scoring ran before the prefill path;
+  prefill  the same int4 model with every int4 module on the prefill path (`prefill_rows(model, 0)`).
+tokens/s = B * T / median; the ratios prefill/bf16 (the target: >= 0.8) and decode/bf16 are derived.
+`default_takes_prefill` says whether the default threshold (PREFILL_MIN_ROWS rows per decoded weight:
+B * T for a dense layer, B * T * k / E for an expert) sends the batch down the prefill path.
+
+Logits: max_rel = max|a - b| / max|b| and mean_rel = mean|a - b| / mean|b| over the batch's logits, for
+prefill against decode (what the prefill path's bf16 operands change), and each int4 path against bf16
+(the quantisation itself), for scale.
+
+--sweep R1,R2,..: one Int4Linear (layer 0's first quantised attention projection, if any) and layer 0's
+Int4Experts (uniform random top-k routing) timed per call on R rows through both paths: where they
+cross is what PREFILL_MIN_ROWS should be.
+
+Bytes the prefill path adds per forward over bf16 weights: every int4 weight's decode reads 0.5625 bytes
+and writes 2 (`extra_bytes_per_forward`, all experts routed), predicted time at the card's bandwidth.
+On a CPU every int4 module runs its kernels in Triton's interpreter (`kernels_on_cpu`): a test of the
+pipeline, not a measurement.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+from lab.synth import ARCHS, WIDTHS, _init_, _reset_buffers, synth_config
+
+TARGETS = ("experts", "experts+attn")
+NEVER = 2 ** 62                         # prefill_rows(model, NEVER): the decode kernels at every row count
+SOURCES = ["int4lab/kernels/prefill.py", "int4lab/quantize/prefill.py", "int4lab/quantize/modules.py"]
+
+
+def build_model(arch: str, layers: int, width: str, device: str, seed: int = 0):
+    """The synthetic checkpoint's model in memory (lab.synth's initialisation), bf16, eval mode."""
+    from transformers import AutoModelForCausalLM
+    cfg = synth_config(arch, layers, width)
+    torch.manual_seed(seed)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model = model.to_empty(device=device)
+    _init_(model, cfg.initializer_range)
+    _reset_buffers(model)
+    return model.eval()
+
+
+def _sync(dev) -> None:
+    if torch.device(dev).type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def time_calls(fn, dev, warmup: int, repeats: int):
+    """(median seconds, [seconds of each repeat], the last result) of fn() after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    _sync(dev)
+    times, out = [], None
+    for _ in range(repeats):
+        if torch.device(dev).type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            out = fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            out = fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times), times, out
+
+
+def rel_diff(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """max|a - b| / max|b| and mean|a - b| / mean|b| (float32)."""
+    d, bb = (a.float() - b.float()).abs(), b.float().abs()
+    return {"max_rel": float(d.max() / bb.max()), "mean_rel": float(d.mean() / bb.mean())}
+
+
+def int4_modules(model):
+    from int4lab.quantize import Int4Experts, Int4Linear
+    lin = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    ex = [m for m in model.modules() if isinstance(m, Int4Experts)]
+    return lin, ex
+
+
+def extra_bytes(model) -> int:
+    """Bytes the prefill path's weight decode moves per forward: 0.5625 read + 2 written per int4 weight."""
+    lin, ex = int4_modules(model)
+    n = sum(m.in_features * m.out_features for m in lin)
+    n += sum(m.num_experts * 3 * m.hidden_dim * m.intermediate_dim for m in ex)
+    return int(n * (0.5625 + 2))
+
+
+def bandwidth(dev) -> float | None:
+    """Bytes/s of the card's memory (clock x bus width x 2, double data rate), None off CUDA."""
+    if torch.device(dev).type != "cuda":
+        return None
+    p = torch.cuda.get_device_properties(dev)
+    clock, bus = getattr(p, "memory_clock_rate", 0), getattr(p, "memory_bus_width", 0)
+    return clock * 1e3 * bus / 8 * 2 if clock and bus else None
+
+
+def sweep(model, rows, dev, warmup, repeats) -> list:
+    """Per-call seconds of one Int4Linear and layer 0's Int4Experts on R rows, decode vs prefill."""
+    from int4lab.quantize.prefill import prefill_rows
+    lin, ex = int4_modules(model)
+    out = []
+    for name, mod in (("attn", lin[0] if lin else None), ("experts", ex[0] if ex else None)):
+        if mod is None:
+            continue
+        K = mod.in_features if name == "attn" else mod.hidden_dim
+        for R in rows:
+            x = torch.randn(R, K, device=dev).bfloat16()
+            if name == "attn":
+                args = (x,)
+            else:
+                k = model.config.num_experts_per_tok
+                ids = torch.rand(R, mod.num_experts, device=dev).topk(k, -1).indices
+                args = (x, ids, torch.softmax(torch.randn(R, k, device=dev), -1))
+            row = {"module": name, "rows": R}
+            for path, n in (("decode", NEVER), ("prefill", 0)):
+                with prefill_rows(mod, n), torch.inference_mode():
+                    row[f"{path}_s"] = time_calls(lambda: mod(*args), dev, warmup, repeats)[0]
+            row["prefill_over_decode_speed"] = row["decode_s"] / row["prefill_s"]
+            out.append(row)
+    return out
+
+
+def run(arch="olmoe", layers=4, width="real", act="int8", targets="experts+attn", batches=((16, 256), (4, 1024)),
+        warmup=2, repeats=5, sweep_rows=(), seed=0, device=None, log=print) -> dict:
+    """The receipt's payload (module doc)."""
+    import contextlib
+
+    from int4lab.quantize import kernels_on_cpu, quantize_model
+    from int4lab.quantize.prefill import PREFILL_MIN_ROWS, prefill_rows
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = build_model(arch, layers, width, dev, seed)
+    cfg = model.config
+    E, k = getattr(cfg, "num_experts", None) or cfg.num_local_experts, cfg.num_experts_per_tok
+    g = torch.Generator().manual_seed(seed)
+    ids = {f"{B}x{T}": torch.randint(0, cfg.vocab_size, (B, T), generator=g).to(dev) for B, T in batches}
+    rows = {key: {"batch": key, "tokens": x.numel(), "default_takes_prefill": {
+        "attn": x.numel() >= PREFILL_MIN_ROWS, "experts": x.numel() * k >= PREFILL_MIN_ROWS * E}}
+        for key, x in ids.items()}
+    logits = {}
+
+    def arm(name, ctx):
+        for key, x in ids.items():
+            if torch.device(dev).type == "cuda":
+                torch.cuda.reset_peak_memory_stats(dev)
+            with ctx(), torch.inference_mode():
+                med, times, out = time_calls(lambda: model(input_ids=x).logits, dev, warmup, repeats)
+            r = rows[key]
+            r[name] = {"median_s": med, "times_s": times, "tokens_per_s": x.numel() / med}
+            if torch.device(dev).type == "cuda":
+                r[name]["peak_gib"] = torch.cuda.max_memory_allocated(dev) / 2 ** 30
+            logits[name, key] = out
+            log(f"{name:8s} {key:>8s}: {x.numel() / med:12.0f} tokens/s ({med * 1e3:.2f} ms)")
+
+    arm("bf16", contextlib.nullcontext)
+    t0 = time.time()
+    quantize_model(model, "rtn", targets, act, progress=False)
+    quant_s = time.time() - t0
+    on_cpu = (lambda: kernels_on_cpu(model)) if torch.device(dev).type == "cpu" else contextlib.nullcontext
+
+    def both(n):
+        @contextlib.contextmanager
+        def ctx():
+            with on_cpu(), prefill_rows(model, n):
+                yield
+        return ctx
+
+    arm("decode", both(NEVER))
+    arm("prefill", both(0))
+    for key, r in rows.items():
+        for path in ("decode", "prefill"):
+            r[f"{path}_over_bf16"] = r[path]["tokens_per_s"] / r["bf16"]["tokens_per_s"]
+        r["logits"] = {"prefill_vs_decode": rel_diff(logits["prefill", key], logits["decode", key]),
+                       "decode_vs_bf16": rel_diff(logits["decode", key], logits["bf16", key]),
+                       "prefill_vs_bf16": rel_diff(logits["prefill", key], logits["bf16", key])}
+    logits.clear()
+    with (kernels_on_cpu(model) if torch.device(dev).type == "cpu" else contextlib.nullcontext()):
+        sw = sweep(model, sweep_rows, dev, warmup, repeats) if sweep_rows else []
+    xb, bw = extra_bytes(model), bandwidth(dev)
+    return {
+        "kind": "prefill_bench",
+        "settings": {"arch": arch, "layers": layers, "width": width, "act": act, "targets": targets,
+                     "batches": list(ids), "warmup": warmup, "repeats": repeats, "seed": seed, "device": dev,
+                     "prefill_min_rows": PREFILL_MIN_ROWS, "experts": E, "top_k": k,
+                     "experts_implementation": getattr(cfg, "_experts_implementation", None),
+                     "attn_implementation": getattr(cfg, "_attn_implementation", None),
+                     "grouped_mm": hasattr(torch, "_grouped_mm")},
+        "sources": SOURCES,
+        "quantize_s": quant_s,
+        "rows": list(rows.values()),
+        "target": {"prefill_over_bf16_min": 0.8,
+                   "met": all(r["prefill_over_bf16"] >= 0.8 for r in rows.values())},
+        "extra_bytes_per_forward": xb,
+        "extra_bytes_formula": "int4 weights x (0.5625 read + 2 written) bytes, every expert routed",
+        "memory_bytes_per_s": bw,
+        "extra_s_predicted": xb / bw if bw else None,
+        "sweep": sw,
+    }
+
+
+def _batches(s: str):
+    out = []
+    for part in s.split(","):
+        b, _, t = part.partition("x")
+        if not (b.isdigit() and t.isdigit() and int(b) > 0 and int(t) > 0):
+            raise argparse.ArgumentTypeError(f"batches must be BxT[,BxT...] with positive ints, got {s!r}")
+        out.append((int(b), int(t)))
+    return out
+
+
+def _rows(s: str):
+    if not s:
+        return []
+    if not all(p.isdigit() and int(p) > 0 for p in s.split(",")):
+        raise argparse.ArgumentTypeError(f"sweep must be positive ints R1,R2,..., got {s!r}")
+    return [int(p) for p in s.split(",")]
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m lab.prefill_bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", choices=ARCHS, default="olmoe")
+    ap.add_argument("--layers", type=int, default=4, help="decoder layers of the synthetic model")
+    ap.add_argument("--width", choices=WIDTHS, default="real")
+    ap.add_argument("--act", choices=("int8", "bf16"), default="int8", help="W4A8 (int8) or W4A16 (bf16)")
+    ap.add_argument("--targets", choices=TARGETS, default="experts+attn")
+    ap.add_argument("--batches", type=_batches, default=_batches("16x256,4x1024"), help="B x T shapes, e.g. 16x256")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5, help="timed forwards per arm and shape (median)")
+    ap.add_argument("--sweep", type=_rows, default=[], help="row counts for the per-module crossover, e.g. 16,64,256")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default=None, help="default: cuda when available")
+    ap.add_argument("--out", required=True, help="receipt path (JSON)")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.warmup < 0 or args.repeats < 1:
+        print("error: --warmup must be >= 0 and --repeats >= 1", file=sys.stderr)
+        return 2
+    from int4lab.receipts import portable_command, write_receipt
+    payload = run(args.arch, args.layers, args.width, args.act, args.targets, args.batches, args.warmup,
+                  args.repeats, args.sweep, args.seed, args.device)
+    command = "python -m lab.prefill_bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    write_receipt(args.out, payload, command=portable_command(command))
+    for r in payload["rows"]:
+        print(f"{r['batch']}: prefill/bf16 {r['prefill_over_bf16']:.3f}, decode/bf16 {r['decode_over_bf16']:.3f}, "
+              f"logits prefill vs decode max_rel {r['logits']['prefill_vs_decode']['max_rel']:.3g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
