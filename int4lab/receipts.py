@@ -42,6 +42,7 @@ SOURCES = {
     "llamacpp": ("int4lab/export.py", "int4lab/q4_0.py", "lab/llamacpp.py") + _QUANTISED_MODEL,
     "realscale": ("int4lab/gate/*.py", "lab/realscale.py", "lab/synth.py") + _QUANTISED_MODEL,
     "decode_step": ("lab/decode_step.py", "lab/bench/floor.py", "lab/bench/timing.py") + _QUANTISED_MODEL,
+    "prefill": ("lab/prefill_bench.py",) + _QUANTISED_MODEL,           # many-row int4 scoring against bf16
 }
 KERNEL_SOURCES = "int4lab/kernels"      # the folder of SOURCES["kernels"], named in messages
 

@@ -40,9 +40,6 @@ from lab.synth import ARCHS, WIDTHS, _init_, _reset_buffers, synth_config
 
 TARGETS = ("experts", "experts+attn")
 NEVER = 2 ** 62                         # prefill_rows(model, NEVER): the decode kernels at every row count
-SOURCES = ["int4lab/kernels/prefill.py", "int4lab/quantize/prefill.py", "int4lab/quantize/modules.py"]
-
-
 def build_model(arch: str, layers: int, width: str, device: str, seed: int = 0):
     """The synthetic checkpoint's model in memory (lab.synth's initialisation), bf16, eval mode."""
     from transformers import AutoModelForCausalLM
@@ -202,7 +199,6 @@ def run(arch="olmoe", layers=4, width="real", act="int8", targets="experts+attn"
                      "experts_implementation": getattr(cfg, "_experts_implementation", None),
                      "attn_implementation": getattr(cfg, "_attn_implementation", None),
                      "grouped_mm": hasattr(torch, "_grouped_mm")},
-        "sources": SOURCES,
         "quantize_s": quant_s,
         "rows": list(rows.values()),
         "target": {"prefill_over_bf16_min": 0.8,
@@ -260,7 +256,7 @@ def main(argv=None) -> int:
     payload = run(args.arch, args.layers, args.width, args.act, args.targets, args.batches, args.warmup,
                   args.repeats, args.sweep, args.seed, args.device)
     command = "python -m lab.prefill_bench " + " ".join(argv if argv is not None else sys.argv[1:])
-    write_receipt(args.out, payload, command=portable_command(command))
+    write_receipt(args.out, payload, command=portable_command(command), sources="prefill")
     for r in payload["rows"]:
         print(f"{r['batch']}: prefill/bf16 {r['prefill_over_bf16']:.3f}, decode/bf16 {r['decode_over_bf16']:.3f}, "
               f"logits prefill vs decode max_rel {r['logits']['prefill_vs_decode']['max_rel']:.3g}")
