@@ -150,7 +150,7 @@ def check_out_path(path, *, flag: str = "--out", force: bool | None = None):
     if p.is_dir():
         raise ValueError(f"{flag} {str(path)!r} is a directory; name a file")
     if p.exists() and force is False:
-        raise FileExistsError(f"{flag} {str(path)!r} exists; pass --force to overwrite it")
+        raise FileExistsError(f"{flag} {str(path)!r} exists; pass --force (force=True) to overwrite it")
     _check_creatable(p.absolute().parent, path, flag)
     return p
 

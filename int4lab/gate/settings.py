@@ -113,7 +113,7 @@ def check_device(device) -> None:
     import torch
     try:
         d = torch.device(device)
-    except (RuntimeError, TypeError) as e:
+    except (RuntimeError, TypeError):
         raise ValueError(f"--device: device must be cpu or cuda[:N], got {device!r}") from None
     if d.type == "cuda":
         if not torch.cuda.is_available():
