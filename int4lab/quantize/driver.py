@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .._checks import check_tensor
+from .._checks import check_finite, check_tensor
 from ..format import BLOCK, block_scales, check_scale_range, pack_codes, pack_int4_b32
 from .hessian import attn_key, expert_key, hessian_hooks
 from .layout import (ATTN_PROJ, LAYOUT, Scheme, attention, decoder_layers, experts_of, input_device, model_arch,
@@ -59,7 +59,9 @@ class QuantReport:
 
 def dithered_pack(w: torch.Tensor, dither: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """`pack_int4_b32` with the rounding dithered: codes round(w / s + u), u ~ U(-dither, dither), clamped to
-    [-8, 7]; the same scales (amax / 7). w [..., N, K] float; returns (packed uint8, scales float16)."""
+    [-8, 7]; the same scales (amax / 7). w [..., N, K] float; returns (packed uint8, scales float16).
+    ValueError for NaN or inf in w, as pack_int4_b32."""
+    check_finite("w", w)
     s = block_scales(w)                                             # fp32 [..., N, K/32]
     check_scale_range(s)
     wb = w.float().reshape(*w.shape[:-1], -1, BLOCK)
