@@ -372,6 +372,7 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     args = ap.parse_args(argv)
     from ._checks import check_out_path
+    from .gate.cli import model_name_and_context
     try:                                              # refused before the model is built
         if args.source and (args.scheme or args.targets):
             raise ValueError("--source writes the unquantised model: drop --scheme / --targets, or drop --source")
@@ -379,6 +380,7 @@ def main(argv=None) -> int:
             if v < 1:
                 raise ValueError(f"{flag} must be a positive int, got {v}")
         check_out_path(args.out, force=args.force)
+        model_name_and_context(args.model)              # a tiny model name, or a directory with a usable config
         scheme, targets = args.scheme or "rtn", args.targets or "experts"
         m, _, name = build_model(args.model, None if args.source else scheme, targets,
                                  calib_tokens=args.calib_tokens, calib_len=args.calib_len, progress=True)
