@@ -25,6 +25,7 @@ import contextlib
 import json
 import resource
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -495,6 +496,15 @@ def main(argv=None) -> int:
     settings = {"layers": args.layers, "width": args.width, "schemes": list(SCHEMES), "targets": list(TARGETS),
                 "extrapolation": "fixed + full_layers x per_layer (per_layer = (measured - fixed) / layers)"}
     command = "python -m lab.realscale " + " ".join(argv if argv is not None else sys.argv[1:])
+    # `timeout` stops a run with SIGTERM: exit through Python so measure_arch's cleanup still runs
+    old_handler = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return _run_archs(args, settings, command, log)
+    finally:
+        signal.signal(signal.SIGTERM, old_handler)
+
+
+def _run_archs(args, settings, command, log) -> int:
     failed = 0
     for arch in args.arch:
         log(f"== {arch}: {args.layers} layers, {args.width} width")
