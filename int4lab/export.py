@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -263,34 +264,39 @@ def add_tokenizer(writer, tokenizer_dir=None, add_bos: bool = True) -> None:
 # ----------------------------------------------------------------------------------------------------
 # Writing and reading back
 
-def write_gguf(model, path, *, name: str | None = None, ftype: str = "f32", tokenizer_dir=None) -> Path:
+def write_gguf(model, path, *, name: str | None = None, ftype: str = "f32", tokenizer_dir=None,
+               force: bool = False) -> Path:
     """Write `model` (quantised by `quantize_model`, or not) to `path` as GGUF; returns the path.
 
     ftype: "f32" or "f16" for the weights that are not int4-b32 packs (norms and the router stay F32).
+    An existing file is refused unless force=True. The file is written beside `path` and renamed onto it
+    when complete: an error or an interrupt leaves no partial file under `path` (and the old one intact).
     """
     import gguf
+    from ._checks import check_out_path
+    from .receipts import atomic_path
     if ftype not in FLOAT_TYPES:
         raise ValueError(f"ftype must be one of {FLOAT_TYPES}, got {ftype!r}")
+    path = check_out_path(path, flag="path", force=bool(force))
     gguf_arch = _check_mappable(model)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tensors = list(gguf_tensors(model, ftype))          # every check runs before the file is opened
     quantised = any(q == "Q4_0" for _, _, q in tensors)
     ft = (gguf.LlamaFileType.MOSTLY_Q4_0 if quantised else
           gguf.LlamaFileType.MOSTLY_F16 if ftype == "f16" else gguf.LlamaFileType.ALL_F32)
-    w = gguf.GGUFWriter(str(path), gguf_arch)
-    w.add_name(name or f"int4lab-{model_arch(model)}")
-    w.add_file_type(ft)
-    sch = getattr(model, "int4_scheme", None)
-    w.add_string("int4lab.scheme", sch.name if sch is not None else "source")
-    add_hparams(w, model)
-    add_tokenizer(w, tokenizer_dir)
-    for tname, data, q in tensors:
-        w.add_tensor(tname, data, raw_dtype=gguf.GGMLQuantizationType.Q4_0 if q == "Q4_0" else None)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    with atomic_path(path) as tmp:
+        w = gguf.GGUFWriter(str(tmp), gguf_arch)
+        w.add_name(name or f"int4lab-{model_arch(model)}")
+        w.add_file_type(ft)
+        sch = getattr(model, "int4_scheme", None)
+        w.add_string("int4lab.scheme", sch.name if sch is not None else "source")
+        add_hparams(w, model)
+        add_tokenizer(w, tokenizer_dir)
+        for tname, data, q in tensors:
+            w.add_tensor(tname, data, raw_dtype=gguf.GGMLQuantizationType.Q4_0 if q == "Q4_0" else None)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
     return path
 
 
@@ -355,18 +361,34 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m int4lab.export", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="mixtral | olmoe | qwen3_moe | a checkpoint directory")
-    ap.add_argument("--scheme", choices=SCHEMES, default="rtn")
-    ap.add_argument("--targets", choices=TARGETS, default="experts")
-    ap.add_argument("--source", action="store_true", help="write the unquantised model instead (reference)")
+    ap.add_argument("--scheme", choices=SCHEMES, default=None, help="how the codes are chosen (default rtn)")
+    ap.add_argument("--targets", choices=TARGETS, default=None, help="what is quantised (default experts)")
+    ap.add_argument("--source", action="store_true",
+                    help="write the unquantised model instead (reference; takes no --scheme / --targets)")
     ap.add_argument("--ftype", choices=FLOAT_TYPES, default="f32", help="type of the weights that are not packs")
     ap.add_argument("--calib-tokens", type=int, default=16384, help="GPTQ calibration tokens (train split)")
     ap.add_argument("--calib-len", type=int, default=256, help="calibration window (the trained context)")
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     args = ap.parse_args(argv)
-    m, _, name = build_model(args.model, None if args.source else args.scheme, args.targets,
-                             calib_tokens=args.calib_tokens, calib_len=args.calib_len, progress=True)
-    label = "source" if args.source else f"{args.scheme}-{args.targets}"
-    path = write_gguf(m, args.out, name=f"{name}-{label}", ftype=args.ftype)
+    from ._checks import check_out_path
+    from .gate.cli import model_name_and_context
+    try:                                              # refused before the model is built
+        if args.source and (args.scheme or args.targets):
+            raise ValueError("--source writes the unquantised model: drop --scheme / --targets, or drop --source")
+        for flag, v in (("--calib-tokens", args.calib_tokens), ("--calib-len", args.calib_len)):
+            if v < 1:
+                raise ValueError(f"{flag} must be a positive int, got {v}")
+        check_out_path(args.out, force=args.force)
+        model_name_and_context(args.model)              # a tiny model name, or a directory with a usable config
+        scheme, targets = args.scheme or "rtn", args.targets or "experts"
+        m, _, name = build_model(args.model, None if args.source else scheme, targets,
+                                 calib_tokens=args.calib_tokens, calib_len=args.calib_len, progress=True)
+        label = "source" if args.source else f"{scheme}-{targets}"
+        path = write_gguf(m, args.out, name=f"{name}-{label}", ftype=args.ftype, force=args.force)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     nq = len(expected_q4_0(m))
     print(f"{path}: {path.stat().st_size / 2**20:.2f} MiB, {nq} Q4_0 tensors ({label})")
     return 0

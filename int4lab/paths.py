@@ -8,6 +8,7 @@ DATA = ROOT / "data"
 RECEIPTS = DATA / "receipts"
 FIGURES = ROOT / "figures"
 NOTEBOOKS = ROOT / "notebooks"
+RUNS = ROOT / "runs"          # where a CLI run writes by default (git-ignored); data/receipts/ only through --out
 
 
 def figure_path(name: str) -> Path:

@@ -1,11 +1,14 @@
 """Receipts: every published number is written with where, when and how it was measured."""
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
+import os
 import platform
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from .paths import ROOT
@@ -109,14 +112,50 @@ def portable_command(command) -> str:
     return " ".join("…/" + Path(t).name if t.startswith("/") else t for t in str(command).split())
 
 
-def write_receipt(path, payload: dict, command: str | None = None, sources: str | None = None) -> Path:
-    """Write payload plus a `provenance` block (with the `sources` hash of that receipt kind) as JSON; returns
-    the path."""
+@contextlib.contextmanager
+def atomic_path(path):
+    """Yield a temporary path beside `path` to write; on success it is fsynced and renamed over `path`
+    (os.replace: readers see the old file or the whole new one, never a part). On any exception, a
+    KeyboardInterrupt included, the temporary file is removed and `path` is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)              # mkstemp's 0600 would follow the file to its final name
+    try:
+        yield Path(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):          # the rename itself is durable once the directory is synced
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def write_text_atomic(path, text: str) -> Path:
+    """`path.write_text(text)` through `atomic_path`: never a truncated file under the final name."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
+
+
+def write_receipt(path, payload: dict, command: str | None = None, sources: str | None = None) -> Path:
+    """Write payload plus a `provenance` block (with the `sources` hash of that receipt kind) as JSON,
+    atomically (`atomic_path`); returns the path. The JSON is built before anything touches the disk, so a
+    payload that cannot be serialised leaves the old receipt in place."""
+    path = Path(path)
     body = {"provenance": provenance(command, sources), **payload}
-    path.write_text(json.dumps(body, indent=1) + "\n")
-    return path
+    text = json.dumps(body, indent=1) + "\n"
+    return write_text_atomic(path, text)
 
 
 def read_receipt(path) -> dict:

@@ -1,6 +1,6 @@
 """llama.cpp as an outside judge: score the same token ids with our model and with its GGUF in llama.cpp.
 
-    python -m lab.llamacpp --model mixtral --scheme rtn gptq      # -> data/receipts/llamacpp_mixtral.json
+    python -m lab.llamacpp --model mixtral --scheme rtn gptq      # -> runs/llamacpp_mixtral.json (--out to name one)
 
 Shape legend: W = windows, T = tokens per window (<= the trained context), V = vocabulary.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from int4lab.paths import RECEIPTS
+from int4lab.paths import RUNS
 
 WINDOW = 256                      # the models' trained context (lab.train)
 BOOTSTRAP = 2000
@@ -250,7 +250,7 @@ def judge(model: str, schemes=("rtn", "gptq"), targets: str = "experts", *, wind
             if windows is not None and windows < total:
                 wins = wins[torch.linspace(0, total - 1, windows).round().long()]
         label = "source" if scheme is None else f"{scheme}/{targets}/W4A8"
-        path = write_gguf(m, wd / f"{name}-{label.replace('/', '-')}.gguf", name=f"{name}-{label}")
+        path = write_gguf(m, wd / f"{name}-{label.replace('/', '-')}.gguf", name=f"{name}-{label}", force=True)
         scorer = LlamaCppScorer(path, window, threads)
         if tok_check is None:
             tok_check = tokenizer_agreement(tok, scorer, load_split("test")[:20000])
@@ -293,17 +293,23 @@ def main(argv=None) -> int:
     ap.add_argument("--windows", type=int, default=None,
                     help="score N windows spread evenly over the test split (default: all, about 500)")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", type=Path, default=None, help="receipt path (default data/receipts/llamacpp_<model>.json)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="receipt path (default runs/llamacpp_<model>.json; data/receipts/ only when named here)")
     args = ap.parse_args(argv)
     if not have_llama_cpp():
         print(f"llama_cpp is not importable: {INSTALL_HINT}")
         return 2
+    from int4lab._checks import check_out_path
     from int4lab.receipts import write_receipt
+    out = args.out or RUNS / f"llamacpp_{Path(args.model).name}.json"
+    try:
+        check_out_path(out)                                  # before the judge runs, not after
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads or os.cpu_count())
     payload = judge(args.model, tuple(args.scheme), args.targets, window=args.window,
                     windows=args.windows, threads=args.threads)
-    name = Path(args.model).name
-    out = args.out or RECEIPTS / f"llamacpp_{name}.json"
     write_receipt(out, payload, command="python -m lab.llamacpp " + " ".join(sys.argv[1:] if argv is None else argv),
                   sources="llamacpp")
     print(out)

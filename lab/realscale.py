@@ -25,7 +25,9 @@ import contextlib
 import json
 import resource
 import shutil
+import signal
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -211,22 +213,34 @@ def _step(rec: dict, key: str, fn, log) -> object:
 
 
 def gate_settings(width: str) -> dict:
-    """The gate's tiny text budget: perplexity on random weights means nothing; the pipeline is measured."""
-    return {"texts": ("test", "ood"), "max_docs": 2, "window": 256 if width == "real" else 64, "batch": 8,
+    """The gate's tiny text budget: perplexity on random weights means nothing; the pipeline is measured
+    (the fewest documents per text the gate accepts, int4lab.gate.settings.MIN_DOCS)."""
+    from int4lab.gate.settings import MIN_DOCS
+    return {"texts": ("test", "ood"), "max_docs": MIN_DOCS, "window": 256 if width == "real" else 64, "batch": 8,
             "calib_tokens": 1024 if width == "real" else 256, "calib_len": 256 if width == "real" else 64,
             "min_rows": 16, "n_boot": 200, "parity_steps": 4 if width == "real" else 0}
 
 
 def measure_arch(arch: str, layers: int, workdir, width: str = "real", split_gpu: str | None = None,
                  log=print) -> dict:
-    """Everything the receipt holds for one architecture (see the module docstring); errors recorded."""
+    """Everything the receipt holds for one architecture (see the module docstring); errors recorded.
+
+    The checkpoint and the quantised file go to a fresh directory <workdir>/<arch>-XXXXXX that this call
+    creates (tempfile.mkdtemp) and removes when it returns or fails: nothing else under workdir is touched."""
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{arch}-", dir=workdir))
+    try:
+        return _measure_arch(arch, layers, work, width, split_gpu, log)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure_arch(arch: str, layers: int, work: Path, width: str, split_gpu: str | None, log) -> dict:
     from int4lab.gate import plan_arms, run_gate
     from int4lab.gate.models import load_model
     from int4lab.quantize import FORMAT_VERSION, load_quantized, save_quantized
 
     full = FULL_LAYERS[arch]
-    work = Path(workdir) / arch
-    shutil.rmtree(work, ignore_errors=True)
     src = work / "checkpoint"
     cuda = _cuda()
     device = "cuda" if cuda else "cpu"
@@ -361,7 +375,6 @@ def measure_arch(arch: str, layers: int, workdir, width: str = "real", split_gpu
         rec["gate_split"] = {"skipped": "no CUDA device: a GPU/host split needs a GPU"}
     _free()
     rec["extrapolation"] = _extrapolate(rec)
-    shutil.rmtree(work, ignore_errors=True)
     return rec
 
 
@@ -443,8 +456,12 @@ def parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", nargs="+", required=True, choices=ARCHS)
     ap.add_argument("--layers", type=int, required=True, help="decoder layers of each synthetic checkpoint")
-    ap.add_argument("--workdir", required=True, help="scratch directory for checkpoints (removed per arch)")
-    ap.add_argument("--out", required=True, help="receipt path (merged with what it holds)")
+    ap.add_argument("--workdir", required=True,
+                    help="scratch directory: each architecture writes to a fresh <arch>-XXXXXX inside it and "
+                         "removes only that")
+    ap.add_argument("--out", default=None,
+                    help="receipt path, merged with what it holds (default runs/realscale.json; data/receipts/ "
+                         "only when named here)")
     ap.add_argument("--width", choices=WIDTHS, default="real")
     ap.add_argument("--split-gpu", default=None,
                     help="GPU max_memory of the device_map run, e.g. 4GiB (default: half the checkpoint)")
@@ -453,10 +470,24 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    from int4lab._checks import check_dir_path, check_out_path
+    from int4lab.paths import RUNS
     for arch in args.arch:
         if not 1 <= args.layers <= FULL_LAYERS[arch]:
             print(f"error: --layers must be in [1, {FULL_LAYERS[arch]}] for {arch}, got {args.layers}", file=sys.stderr)
             return 2
+    args.out = args.out or str(RUNS / "realscale.json")
+    try:                                           # before any work: where the receipt and the scratch go
+        check_out_path(args.out)
+        if Path(args.out).exists():
+            json.loads(Path(args.out).read_text())      # merged into: it must be a receipt already
+        check_dir_path(args.workdir, flag="--workdir")
+    except json.JSONDecodeError as e:
+        print(f"error: --out {args.out!r} exists and is not JSON ({e}): the receipt is merged into it", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     t_start = time.time()
 
     def log(msg):
@@ -465,6 +496,15 @@ def main(argv=None) -> int:
     settings = {"layers": args.layers, "width": args.width, "schemes": list(SCHEMES), "targets": list(TARGETS),
                 "extrapolation": "fixed + full_layers x per_layer (per_layer = (measured - fixed) / layers)"}
     command = "python -m lab.realscale " + " ".join(argv if argv is not None else sys.argv[1:])
+    # `timeout` stops a run with SIGTERM: exit through Python so measure_arch's cleanup still runs
+    old_handler = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return _run_archs(args, settings, command, log)
+    finally:
+        signal.signal(signal.SIGTERM, old_handler)
+
+
+def _run_archs(args, settings, command, log) -> int:
     failed = 0
     for arch in args.arch:
         log(f"== {arch}: {args.layers} layers, {args.width} width")

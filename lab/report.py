@@ -47,6 +47,37 @@ def load(path=DEFAULT_OUT) -> dict:
     return rec
 
 
+# ---- partial runs: shown when printed, refused for the README ---------------------------------------------
+def partial_settings(rec: dict) -> list[str]:
+    """Why a receipt does not hold a whole run ([] when it does). A decode receipt: a harness stopped before
+    its schedule was done, the --quick schedule, an --only subset of implementations. A gate receipt: max_docs
+    set (the first n documents of each text) or a subset of the texts."""
+    why = []
+    method, settings = rec.get("method") or {}, rec.get("settings") or {}
+    command = str((rec.get("provenance") or {}).get("command", ""))
+    if method.get("complete") is False:
+        why.append("method.complete is false (the harness stopped before its schedule was done)")
+    if method.get("quick"):
+        why.append("method.quick (the --quick schedule)")
+    if "--only" in command.split():
+        why.append("--only (a subset of the implementations)")
+    if "bootstrap_unit" in settings:                     # a gate receipt
+        from int4lab.gate.texts import TEXTS
+        if settings.get("max_docs") is not None:
+            why.append(f"settings.max_docs = {settings['max_docs']} (the first documents of each text only)")
+        if sorted(settings.get("texts") or []) != sorted(TEXTS):
+            why.append(f"settings.texts = {settings.get('texts')} (not every text of {list(TEXTS)})")
+    return why
+
+
+def refuse_partial(rec: dict, path) -> None:
+    """ValueError naming the receipt and its partial settings: the README publishes whole runs only."""
+    why = partial_settings(rec)
+    if why:
+        raise ValueError(f"{path} was made with partial settings: {'; '.join(why)}. The README publishes whole "
+                         f"runs only: rerun without them, or keep this receipt out of data/receipts/")
+
+
 # ---- recorded references ------------------------------------------------------------------------------
 _MM = re.compile(r"MUL_MAT\(type_a=q4_0,.*?m=(\d+),n=1,k=(\d+).*?\):\s+\d+ runs -\s+([\d.]+) us/run")
 _MMID = re.compile(r"MUL_MAT_ID\(type_a=q4_0,type_b=f32,n_mats=(\d+),n_used=(\d+),b=0,m=(\d+),n=1,k=(\d+)\):"
@@ -619,8 +650,11 @@ def train_table(receipts=RECEIPTS) -> str:
 
 
 def gate_table(receipts=RECEIPTS) -> str:
-    """The gate receipts' table: Δ% [95 % CI] per text, PASS / FAIL / UNDECIDED, lottery and calibration."""
+    """The gate receipts' table: Δ% [95 % CI] per text, PASS / FAIL / UNDECIDED, lottery and calibration.
+    A receipt made with partial settings (partial_settings) is refused (ValueError), never tabulated."""
     from int4lab.gate.table import render_gate_table
+    for path in sorted(Path(receipts).glob("gate_*.json")):
+        refuse_partial(read_receipt(path), path)
     return render_gate_table(receipts)
 
 
@@ -814,12 +848,18 @@ def main(argv=None) -> int:
     anchors, paired = anchor_rows(args.anchors), paired_ratios(rec)
     block = render(rec, anchors, spread, paired)
     if args.results:
+        try:                                     # whole runs only, checked before anything is rewritten
+            refuse_partial(rec, args.receipt)
+            text = Path(args.results).read_text()
+            results = render_results() if RESULTS_START in text else None
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         print(f"rewrote {rewrite_readme(args.results, block)}")
-        text = Path(args.results).read_text()
         if TARGETS_START in text:                                # the named targets' definitions
             rewrite_readme(args.results, target_definitions(), TARGETS_START, TARGETS_END)
-        if RESULTS_START in text:                                # the models / gates / packing block
-            rewrite_readme(args.results, render_results(), RESULTS_START, RESULTS_END)
+        if results is not None:                                  # the models / gates / packing block
+            rewrite_readme(args.results, results, RESULTS_START, RESULTS_END)
         if REALSCALE_START in text:                              # the real-checkpoint block
             rewrite_readme(args.results, realscale_table(), REALSCALE_START, REALSCALE_END)
     if args.notes:

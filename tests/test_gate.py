@@ -212,12 +212,21 @@ def test_decode_parity_through_the_kernels(arch, tok):
 
 # ---------------------------------------------------------------------------------------------- a whole run
 
+def short_documents(mp, chars=400):
+    """Score only the first `chars` characters of each document: the gate needs MIN_DOCS documents per text,
+    and ten short ones cost what one whole document did."""
+    import int4lab.gate.run as gate_run
+    mp.setattr(gate_run, "documents", lambda split: [d[:chars] for d in gate.documents(split)])
+
+
 @pytest.fixture(scope="module")
 def payload(tok):
     arms = gate.plan_arms(["rtn", "gptq"], lottery=1, calib_draws=3)
-    return gate.run_gate("tiny", arms, window=32, max_docs=1, n_boot=200, calib_tokens=256, calib_len=32,
-                         calib_split="validation", min_rows=8, subset_stride=1, floor_stride=1, parity_steps=0, progress=False,
-                         loader=lambda dt: (tiny_lm("mixtral", dt), tok, "tiny"))
+    with pytest.MonkeyPatch.context() as mp:
+        short_documents(mp)
+        return gate.run_gate("tiny", arms, window=32, max_docs=gate.MIN_DOCS, n_boot=200, calib_tokens=256,
+                             calib_len=32, calib_split="validation", min_rows=8, subset_stride=1, floor_stride=1,
+                             parity_steps=0, progress=False, loader=lambda dt: (tiny_lm("mixtral", dt), tok, "tiny"))
 
 
 def test_run_gate_payload(payload):
@@ -250,7 +259,7 @@ def test_lottery_is_deterministic_by_seed(payload, tok):
     assert torch.equal(t1.model.layers[0].mlp.experts.down_packed, ticket(1).model.layers[0].mlp.experts.down_packed)
     assert not torch.equal(t1.model.layers[0].mlp.experts.down_packed,
                            ticket(2).model.layers[0].mlp.experts.down_packed)
-    win = gate.Windows(tok, gate.documents("ood")[:1], 32)
+    win = gate.Windows(tok, [d[:400] for d in gate.documents("ood")[:gate.MIN_DOCS]], 32)      # short_documents
     per = gate.score_models({"source": tiny_lm("mixtral"), "t": t1}, win)
     got = gate.paired_ci(per["t"].nll, per["source"].nll, per["source"].doc, n_boot=200)["rel"]["value"]
     assert got == pytest.approx(payload["arms"]["rtn/experts/W4A8 lottery#1"]["texts"]["ood"]["rel"]["value"],
@@ -275,13 +284,15 @@ def test_tables(payload, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- the CLI
 
-def test_cli_runs_a_checkpoint_dir_and_prints_one_table(tmp_path, tok, capsys):
+def test_cli_runs_a_checkpoint_dir_and_prints_one_table(tmp_path, tok, capsys, monkeypatch):
+    short_documents(monkeypatch)
     ckpt = tmp_path / "ckpt"
     tiny_lm("olmoe").save_pretrained(ckpt)
     tok.save_pretrained(ckpt)
     out = tmp_path / "r.json"
-    rc = gate.main(["--model", str(ckpt), "--window", "32", "--max-docs", "1", "--lottery", "1", "--boot", "200",
-                    "--parity-steps", "0", "--no-floor", "--quiet", "--texts", "ood", "--out", str(out)])
+    rc = gate.main(["--model", str(ckpt), "--window", "32", "--max-docs", "10", "--subset-stride", "1", "--lottery",
+                    "1", "--boot", "200", "--parity-steps", "0", "--no-floor", "--quiet", "--texts", "ood", "--out",
+                    str(out)])
     text = capsys.readouterr().out
     assert rc == 0 and text.splitlines()[0].startswith("arm")
     assert "rtn/experts/W4A8 lottery#1" in text and f"receipt: {out}" in text

@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from conftest import poison
+from conftest import DEVICE, poison
 
 import int4lab as il
 from int4lab.format import quant_x_rows_ref
@@ -455,6 +455,62 @@ def test_moe_top1_applies_the_router_weight(device, weight):
     for got in (moe_decode_step(x, ids, tw, *gu, *dn), moe_decode_routed(x, ids, tw, *gu, *dn, split_k=1),
                 moe_decode_routed(x, ids, tw, *gu, *dn, split_k=2), moe_decode_grouped(x, ids, tw, *gu, *dn)):
         assert torch.equal(got.float().cpu(), ref.bfloat16().float())
+
+
+def table_plans(table):
+    """Every distinct plan of a launch table (GEMV_TABLE, GROUPED_TABLE) that runs here: the GPU generation's rows
+    on CUDA, every generation's in the interpreter (all of them run there). Split-K is passed explicitly, so
+    rows differing only in `waves` are one plan."""
+    gens = [plan_mod.generation(DEVICE)] if DEVICE == "cuda" else list(table)
+    plans = [dataclasses.replace(r[-1], waves=1.0, **({} if DEVICE == "cuda" else {"num_warps": 1}))
+             for g in gens for r in table[g]]
+    return list(dict.fromkeys(plans))
+
+
+# (top-k, tokens, router weights): 0, negative and > 1 among them
+ROUTER_WEIGHTS = {1: [[0.0], [-1.5], [2.5]], 2: [[0.0, 2.5], [-1.5, 0.75]], 8: [[0.0, -1.5, 2.5, 0.3, -0.2, 1.0, 4.0, 0.05]]}
+
+
+def router_weight_cases():
+    """(path, plan, top-k, split-K): on CUDA every table row with every (top-k, split) pair; in the interpreter
+    each row once and each pair at least once per path (the full product takes minutes there)."""
+    pairs = [(1, 2), (2, 1), (8, 1), (1, 1), (2, 2), (8, 2)]      # the slowest rows in the interpreter get top-1/2
+    cases = []
+    for path, plans in (("routed", table_plans(plan_mod.GEMV_TABLE)), ("grouped", table_plans(plan_mod.GROUPED_TABLE))):
+        if DEVICE == "cuda":
+            cases += [(path, p, a, sk) for p in plans for a, sk in pairs]
+        else:
+            cases += [(path, plans[i % len(plans)], *pairs[i % len(pairs)]) for i in range(max(len(plans), len(pairs)))]
+    return cases
+
+
+def _case_id(c):
+    path, p, a, sk = c
+    tile = (f"bn{p.block_n}-bk{p.block_k}" if path == "routed" else
+            f"bm{p.block_m}-{p.kind}{'-tma' if p.tma else ''}{'-half' if p.half_tiles else ''}")
+    return f"{path}-{tile}-top{a}-split{sk}"
+
+
+@pytest.mark.parametrize("case", router_weight_cases(), ids=_case_id)
+def test_moe_router_weights_every_plan_row_and_split(device, case):
+    """out[t] = sum_j w[t, j] * expert_j(x[t]) for any real router weight (0, negative, above 1), whatever the
+    path, the table row and the split: the combine never assumes a weight of 1 (the one-row epilogue once did)
+    nor weights that sum to 1. Compared with moe_decode_ref token by token (a zero row must be exactly zero)."""
+    path, plan, A, split_k = case
+    E, H, I = 8, 64, 32
+    w = moe_weights(E, H, I, device)
+    tw = torch.tensor(ROUTER_WEIGHTS[A]).to(device)
+    T = tw.shape[0]
+    x = torch.randn(T, H).bfloat16().to(device)
+    ids = torch.stack([torch.randperm(E)[:A] for _ in range(T)]).int().to(device)
+    fn = moe_decode_routed if path == "routed" else moe_decode_grouped
+    got = fn(x, ids, tw, *w, split_k=split_k, plan=plan).float().cpu()
+    ref = moe_decode_ref(x, ids, tw, *w)
+    assert not got.isnan().any()
+    for t in range(T):
+        err, scale = (got[t] - ref[t]).abs().max(), ref[t].abs().max()
+        assert err <= BF16_TOL * scale, f"token {t} (weights {ROUTER_WEIGHTS[A][t]}): max err {float(err):.3g}"
+    assert counters_all_zero()
 
 
 @pytest.mark.parametrize("split_k,block_m", [(1, 2), (2, 4), (3, 1)])

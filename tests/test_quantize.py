@@ -311,11 +311,11 @@ def test_load_refuses_mismatches(tmp_path):
     q, _ = quantize_model(tiny_model("mixtral"), "rtn", "experts", "int8", progress=False)
     path = tmp_path / "q.safetensors"
     save_quantized(q, path)
-    with pytest.raises(ValueError, match="holds a 'mixtral' model, base_model is 'olmoe'"):
+    with pytest.raises(ValueError, match="holds a model with arch = 'mixtral', base_model has arch = 'olmoe'"):
         load_quantized(path, tiny_model("olmoe"))
-    with pytest.raises(ValueError, match="has shape"):
+    with pytest.raises(ValueError, match="holds a model with intermediate = 64, base_model has intermediate = 96"):
         load_quantized(path, tiny_model("mixtral", inter=96))
-    with pytest.raises(ValueError, match="tensor names do not match"):
+    with pytest.raises(ValueError, match="holds a model with layers = 2, base_model has layers = 3"):
         load_quantized(path, tiny_model("mixtral", layers=3))
     meta = read_metadata(path)
     bad = tmp_path / "v99.safetensors"

@@ -10,6 +10,7 @@ from int4lab import gate, shapes
 from lab import realscale
 from lab import synth
 
+from test_gate import short_documents
 from test_quantize import tiny_model
 
 
@@ -82,11 +83,12 @@ def test_synth_cli_writes_a_hub_layout(ckpt):
     assert (cfg["model_type"], cfg["num_hidden_layers"], cfg["num_experts_per_tok"]) == ("olmoe", 2, 8)
 
 
-def test_gate_cli_by_path_on_the_synthetic_checkpoint(ckpt, tmp_path, capsys):
+def test_gate_cli_by_path_on_the_synthetic_checkpoint(ckpt, tmp_path, capsys, monkeypatch):
+    short_documents(monkeypatch)
     out = tmp_path / "gate.json"
     rc = gate.main(["--model", str(ckpt), "--scheme", "rtn", "gptq", "--targets", "experts", "experts+attn",
                     "--lottery", "0", "--calib-draws", "1", "--calib-tokens", "256", "--calib-len", "64",
-                    "--min-rows", "4", "--window", "64", "--max-docs", "1", "--texts", "test", "--no-floor",
+                    "--min-rows", "4", "--window", "64", "--max-docs", "10", "--texts", "test", "--no-floor",
                     "--parity-steps", "0", "--boot", "100", "--device", "cpu", "--quiet", "--out", str(out)])
     assert rc == 0
     r = json.loads(out.read_text())
@@ -115,7 +117,8 @@ def test_max_memory_parsing_and_cli_errors(ckpt, capsys):
 
 # ---------------------------------------------------------------------------------------------- realscale
 
-def test_realscale_tiny_receipt_and_extrapolation(tmp_path):
+def test_realscale_tiny_receipt_and_extrapolation(tmp_path, monkeypatch):
+    short_documents(monkeypatch)
     out = tmp_path / "rs.json"
     assert realscale.main(["--arch", "qwen3_moe", "--layers", "2", "--width", "tiny", "--workdir",
                            str(tmp_path / "w"), "--out", str(out)]) == 0

@@ -17,7 +17,7 @@ instrument (KV cache, through the int4 kernels) is a kernel-parity check on a sh
     stats.py   paired bootstrap, verdict, lottery, calibration     decode.py  the kernel-parity check
     models.py  loading a model                                     lmeval.py  lm-eval tasks, token level
     run.py     one gate run -> receipt payload                     table.py   CLI and README tables
-    cli.py     python -m int4lab.gate
+    cli.py     python -m int4lab.gate                              settings.py the rules every setting obeys
 """
 from .decode import PARITY_TOL, decode_logprobs, decode_windows, full_forward_logprobs, parity
 from .models import load_model, parse_max_memory
@@ -26,10 +26,11 @@ from .score import PerToken, score_models
 from .stats import calibration_judgement, lottery_spread, paired_ci, tokens_to_decide, verdict
 from .table import format_table, render_gate_table, rows
 from .texts import IN_DOMAIN, TEXTS, Windows, calibration_ids, documents, token_sha, trained_context
+from .settings import MIN_DOCS, check_settings
 from .cli import main, receipt_path
 
-__all__ = ["DITHER", "IN_DOMAIN", "PARITY_TOL", "TEXTS", "Arm", "PerToken", "Windows", "calibration_ids",
-           "calibration_judgement", "decode_logprobs", "decode_windows", "documents", "format_table",
+__all__ = ["DITHER", "IN_DOMAIN", "MIN_DOCS", "PARITY_TOL", "TEXTS", "Arm", "PerToken", "Windows", "calibration_ids",
+           "calibration_judgement", "check_settings", "decode_logprobs", "decode_windows", "documents", "format_table",
            "full_forward_logprobs", "load_model", "lottery_spread", "main", "paired_ci", "parity",
            "parse_max_memory", "plan_arms",
            "receipt_path", "render_gate_table", "rows", "run_gate", "score_models", "token_sha",

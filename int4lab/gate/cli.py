@@ -1,5 +1,7 @@
 """`python -m int4lab.gate`: quantise, score every document of the test and ood texts, print one table,
-write data/receipts/gate_<model>.json."""
+write the receipt: runs/gate_<model>.json (git-ignored) unless --out names a path, so a user's run never
+replaces a committed receipt in data/receipts/. Every setting and the output path are checked before any
+model loads (`settings.check_settings`, `_checks.check_out_path`)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from ..paths import RECEIPTS
+from .._checks import check_out_path
+from ..paths import RUNS
 from ..quantize import ACTS, SCHEMES, TARGETS
 from .run import DITHER, check_budget, plan_arms, run_gate
 from .table import format_table
@@ -19,7 +22,23 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torc
 
 
 def receipt_path(name: str) -> Path:
-    return RECEIPTS / f"gate_{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}.json"
+    """The default receipt of a run on model `name`: runs/gate_<name>.json (data/receipts/ only through --out)."""
+    return RUNS / f"gate_{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}.json"
+
+
+def model_name_and_context(model: str) -> tuple[str, int]:
+    """(short name, trained context) of --model without loading its weights: a tiny model's training
+    receipt, or a checkpoint directory's config.json (errors as load_model's)."""
+    from ..models import ARCHS
+    from .models import load_config
+    from .texts import trained_context
+    if model in ARCHS:
+        return model, trained_context(model)
+    path = Path(model)
+    if not path.is_dir():
+        raise FileNotFoundError(f"--model {model!r} is neither a tiny model name {tuple(ARCHS)} nor an existing "
+                                f"checkpoint directory")
+    return path.name, trained_context(path.name, load_config(path))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -66,7 +85,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-memory", nargs="+", default=None, metavar="DEVICE=SIZE",
                     help="accelerate max_memory with --device-map, e.g. 0=20GiB cpu=100GiB (forces a GPU/CPU split)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    ap.add_argument("--out", default=None, help="receipt path (default data/receipts/gate_<model>.json)")
+    ap.add_argument("--out", default=None,
+                    help="receipt path (default runs/gate_<model>.json; data/receipts/ only when named here)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     return ap
 
@@ -74,15 +94,28 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     from ..receipts import write_receipt
-    if args.threads:
+    from .settings import check_settings
+    try:                                    # everything that can be refused is refused before any work
+        name, context = model_name_and_context(args.model)
+        arms = plan_arms(args.scheme, args.targets, args.act, args.lottery, args.calib_draws, args.dither)
+        check_settings(window=args.window, max_docs=args.max_docs, budget=args.budget, batch=args.batch,
+                       threads=args.threads, subset_stride=args.subset_stride, floor_stride=args.floor_stride,
+                       n_boot=args.boot, parity_steps=args.parity_steps, limit=args.limit,
+                       calib_tokens=args.calib_tokens, calib_len=args.calib_len or args.window or context,
+                       min_rows=args.min_rows, damp=args.damp, dither=args.dither,
+                       trained_context=context, texts=args.texts, arms=arms, device=args.device)
+        path = check_out_path(args.out if args.out else receipt_path(name))
+        from .models import parse_max_memory
+        max_memory = parse_max_memory(args.max_memory)
+        check_budget(args.budget)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     dtype = _DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if str(args.device).startswith("cuda")
                                                     else torch.float32)
     try:
-        from .models import parse_max_memory
-        max_memory = parse_max_memory(args.max_memory)
-        check_budget(args.budget)
-        arms = plan_arms(args.scheme, args.targets, args.act, args.lottery, args.calib_draws, args.dither)
         payload = run_gate(args.model, arms, budget=args.budget, dtype=dtype, device=args.device,
                            device_map=args.device_map, max_memory=max_memory, texts=args.texts,
                            window=args.window, batch=args.batch,
@@ -95,7 +128,6 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    path = Path(args.out) if args.out else receipt_path(payload["model"])
     args_line = " ".join(argv if argv is not None else sys.argv[1:])
     write_receipt(path, payload, command=f"python -m int4lab.gate {args_line}", sources="gate")
     print(format_table(payload))

@@ -1,6 +1,7 @@
 """Loading what the gate compares: a tiny trained model by name, or a transformers checkpoint directory."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -45,14 +46,36 @@ def check_max_memory(max_memory, device_map) -> None:
         raise ValueError("max_memory needs device_map (e.g. --device-map auto): it bounds accelerate's placement")
 
 
+def load_config(path):
+    """The transformers config of a checkpoint directory; ValueError naming --model when config.json is
+    missing, not JSON, or of an architecture int4lab cannot quantise."""
+    from transformers import AutoConfig
+    path = Path(path)
+    f = path / "config.json"
+    if not f.is_file():
+        raise ValueError(f"--model {str(path)!r} has no config.json: not a transformers checkpoint directory")
+    try:
+        json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"--model {str(path)!r}: config.json is not valid JSON ({e})") from None
+    try:
+        cfg = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"--model {str(path)!r}: config.json is not a usable transformers config ({e})") from None
+    if cfg.model_type not in LAYOUT:
+        raise ValueError(f"unsupported architecture {cfg.model_type!r} in {path}: int4lab handles {tuple(LAYOUT)}")
+    return cfg
+
+
 def load_model(model: str, dtype=torch.float32, device: str = "cpu", device_map: str | None = None,
                max_memory: dict | None = None):
     """(model, tokenizer, short name) for a tiny arch name (int4lab.models.ARCHS) or a checkpoint directory.
 
     device_map (e.g. "auto") hands placement to accelerate, bounded per device by max_memory
     ({0: "20GiB", "cpu": "100GiB"}: what does not fit on the GPU stays on the host). FileNotFoundError for
-    a path that does not exist; ValueError for an architecture int4lab cannot quantise, or for max_memory
-    without device_map or with a tiny model name.
+    a path that does not exist; ValueError for a config.json that is missing, broken or of an architecture
+    int4lab cannot quantise, a weight file that is not readable, or max_memory without device_map or with a
+    tiny model name.
     """
     from ..models import ARCHS
     check_max_memory(max_memory, device_map)
@@ -65,14 +88,17 @@ def load_model(model: str, dtype=torch.float32, device: str = "cpu", device_map:
     if not path.is_dir():
         raise FileNotFoundError(f"--model {model!r} is neither a tiny model name {tuple(ARCHS)} nor an existing "
                                 f"checkpoint directory")
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    cfg = AutoConfig.from_pretrained(path)
-    if cfg.model_type not in LAYOUT:
-        raise ValueError(f"unsupported architecture {cfg.model_type!r} in {path}: int4lab handles {tuple(LAYOUT)}")
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    load_config(path)
     kw = {"device_map": device_map} if device_map else {}
     if max_memory:
         kw["max_memory"] = max_memory
-    m = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
+    try:
+        m = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
+    except SafetensorError as e:
+        raise ValueError(f"--model {str(path)!r}: a weight file is not readable safetensors (truncated or "
+                         f"corrupt?): {e}") from None
     if not device_map:
         m = m.to(device)
     return m.eval(), AutoTokenizer.from_pretrained(path), path.name

@@ -16,6 +16,7 @@ import torch
 from ..quantize import Scheme, model_arch, quantize_model
 from . import stats
 from .score import restrict, score_models
+from .settings import check_settings
 from .texts import IN_DOMAIN, TEXTS, Windows, calibration_ids, documents, split_ids, trained_context
 
 DITHER = 0.1               # the lottery's dither amplitude, in units of the block scale
@@ -96,6 +97,9 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     device_map / max_memory: accelerate placement for checkpoint directories (see `load_model`).
     loader(dtype) -> (model, tokenizer, name) overrides `load_model` (tests).
     """
+    check_settings(window=window, max_docs=max_docs, budget=budget, batch=batch, subset_stride=subset_stride,
+                   floor_stride=floor_stride, n_boot=n_boot, parity_steps=parity_steps, limit=limit, texts=texts,
+                   arms=arms)
     budget = check_budget(budget)
     if not arms:
         raise ValueError("arms must name at least one quantised arm")

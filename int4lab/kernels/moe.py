@@ -95,6 +95,11 @@ def _check_moe(x, topk_ids, topk_w, gu_p, gu_s, dn_p, dn_s):
     check_tensor("gate_up_packed", gu_p, (torch.uint8,), (3,))
     check_tensor("down_packed", dn_p, (torch.uint8,), (3,))
     T, H = x.shape
+    if T < 1:
+        raise ValueError(f"x must hold at least one token (T >= 1), got shape {tuple(x.shape)}")
+    if topk_ids.shape[1] < 1:
+        raise ValueError(f"topk_ids must route each token to at least one expert (A >= 1), got shape "
+                         f"{tuple(topk_ids.shape)}")
     E, two_i = gu_p.shape[0], gu_p.shape[1]
     if two_i % 2:
         raise ValueError(f"gate_up_packed must have an even row count 2I (gate rows, then up rows), got {two_i}")
@@ -119,7 +124,8 @@ def moe_decode_step(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_pa
     doc; plan.moe_grouped decides from the mean rows per routed expert, the experts' size and the GPU
     generation).
 
-    topk_ids int [T, A] in [0, E), topk_w float [T, A] (router weights, applied in float32);
+    topk_ids int [T, A] in [0, E) with T, A >= 1, topk_w float [T, A] (router weights, applied in float32;
+    any real weight, 0, negative or above 1, is applied as given; NaN or inf make the row NaN or inf);
     gate_up_packed uint8 [E, 2I, H/2] + float16 scales [E, 2I, H/32] (gate rows first);
     down_packed uint8 [E, H, I/2] + float16 scales [E, H, I/32].
     """

@@ -37,9 +37,16 @@ def rint(x, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def max_nan(a, b):
+    """max that keeps NaN (tl.max drops it, as the GPU's max.f32 does): a NaN input must give a NaN scale."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def quant_blocks(v, USE_ASM: tl.constexpr):
-    """v float32 [NB, 32] -> (codes as float32 [NB, 32] in [-127, 127], float32 scales [NB]); module doc."""
-    amax = tl.max(tl.abs(v), axis=1)
+    """v float32 [NB, 32] -> (codes as float32 [NB, 32] in [-127, 127], float32 scales [NB]); module doc.
+    A block holding NaN or inf gets a NaN or inf scale, so the row's output is not finite (as F.linear's)."""
+    amax = tl.reduce(tl.abs(v), 1, max_nan)
     s = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)) + 1e-12
     inv = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
     q = rint(v * inv[:, None], USE_ASM)
@@ -94,7 +101,8 @@ def quant_x_rows(x: torch.Tensor, q: torch.Tensor | None = None, s: torch.Tensor
     """x [R, K] fp32/fp16/bf16 -> (int8 [R, K], float32 [R, K/32]), bit-identical to quant_x_rows_ref.
 
     `q` and `s` may be preallocated (CUDA-graph capture). Finiteness is not checked (it would need a
-    device sync); a NaN in a block gives that block NaN scale and undefined codes.
+    device sync); a NaN or inf in a block gives that block a NaN or inf scale (codes undefined), so whatever
+    reads the codes with their scales comes out NaN or inf, as torch.nn.functional.linear would.
     """
     check_tensor("x", x, FLOAT_DTYPES, (2,))
     check_k("x.shape[-1] (K)", x.shape[-1])

@@ -1,26 +1,54 @@
 """Save / load a quantised model: packed bytes + fp16 scales + the high-precision rest in one safetensors
-file, with a format version, the architecture, the scheme and the config in its metadata."""
+file, with a format version, the architecture, the scheme, the config, the model's shape (experts, top-k,
+widths) and a sha256 per tensor in its metadata.
+
+Format versions: 1 had no checksums and no stored shape (a flipped byte or a top-2 file in a top-8 model
+loaded silently); 2 adds both. A version-1 file is refused with a message (re-save it).
+"""
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
 
-from .driver import quantize_model
+import torch
+
+from .driver import check_unquantised, quantize_model
 from .layout import Scheme, model_arch
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+SHAPE_FIELDS = ("arch", "layers", "experts", "top_k", "hidden", "intermediate", "vocab")
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    """sha256 of a CPU tensor's bytes (row-major, its own dtype)."""
+    b = t.detach().contiguous().reshape(-1).view(torch.uint8)
+    return hashlib.sha256(b.numpy().data).hexdigest()
+
+
+def model_shape(model) -> dict:
+    """What a quantised file must agree with: architecture, decoder layers, experts, top-k, H, I, vocabulary."""
+    from ..models import expert_shapes
+    cfg = model.config
+    ex = expert_shapes(cfg)
+    return {"arch": model_arch(model), "layers": cfg.num_hidden_layers, "experts": ex["experts"],
+            "top_k": ex["top_k"], "hidden": ex["hidden"], "intermediate": ex["intermediate"],
+            "vocab": cfg.vocab_size}
 
 
 def save_quantized(model, path) -> None:
     """Write model's state (packed uint8, fp16 scales, everything else as is) to a safetensors file.
 
-    Metadata: format_version, arch, scheme (JSON of `Scheme`), config (JSON). Tensors are written from
-    where they are (CPU tensors without a copy; GPU tensors through one host copy each); only a tensor
-    sharing storage with one already taken (tied weights) is cloned, so the file loads without
-    shared-memory surprises and a real-width model is never held twice on the host.
+    Metadata: format_version, arch, scheme (JSON of `Scheme`), config (JSON), shape (JSON of `model_shape`),
+    sha256 (JSON {tensor: hex digest}). Tensors are written from where they are (CPU tensors without a copy;
+    GPU tensors through one host copy each); only a tensor sharing storage with one already taken (tied
+    weights) is cloned, so the file loads without shared-memory surprises and a real-width model is never
+    held twice on the host. The file is written beside `path` and renamed onto it (never a partial file
+    under the final name).
     """
     from safetensors.torch import save_file
+    from ..receipts import atomic_path
     sch = getattr(model, "int4_scheme", None)
     if sch is None:
         raise ValueError("model is not quantised (no int4_scheme attribute): call quantize_model first")
@@ -36,37 +64,68 @@ def save_quantized(model, path) -> None:
         seen.add(t.untyped_storage().data_ptr())
         state[k] = t
     meta = {"format_version": str(FORMAT_VERSION), "arch": model_arch(model),
-            "scheme": json.dumps(asdict(sch)), "config": model.config.to_json_string()}
-    save_file(state, str(path), metadata=meta)
+            "scheme": json.dumps(asdict(sch)), "config": model.config.to_json_string(),
+            "shape": json.dumps(model_shape(model)),
+            "sha256": json.dumps({k: tensor_sha256(t) for k, t in state.items()})}
+    with atomic_path(path) as tmp:
+        save_file(state, str(tmp), metadata=meta)
 
 
 def read_metadata(path) -> dict:
-    from safetensors import safe_open
-    with safe_open(str(path), framework="pt") as f:
-        return dict(f.metadata() or {})
+    """The file's metadata; ValueError when it is not a readable safetensors file (truncated, corrupt)."""
+    from safetensors import SafetensorError, safe_open
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except SafetensorError as e:
+        raise ValueError(f"{path}: not a readable safetensors file (truncated or corrupt?): {e}") from None
+
+
+def _json_field(path, meta: dict, key: str):
+    try:
+        return json.loads(meta[key])
+    except (KeyError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: metadata field {key!r} is missing or not JSON ({e}): the file is corrupt") from None
 
 
 def load_quantized(path, base_model):
     """Load a file written by `save_quantized` into base_model (an unquantised model of the same config).
 
-    Refuses (ValueError) a file of another format_version or architecture, or whose tensor names or shapes
-    differ from what the recorded scheme makes of base_model. Returns (model, Scheme).
+    Refuses (ValueError, naming what differs) a file that is not readable safetensors, of another
+    format_version, whose architecture, layers, experts, top-k, widths or vocabulary differ from
+    base_model's, whose tensor names or shapes differ from what the recorded scheme makes of base_model, or
+    a tensor whose bytes fail its sha256; and a base_model that is already quantised. Returns (model, Scheme).
     """
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
     if not Path(path).is_file():
         raise FileNotFoundError(f"quantised checkpoint {path} does not exist")
+    check_unquantised("base_model", base_model)
     meta = read_metadata(path)
     ver = meta.get("format_version")
     if ver != str(FORMAT_VERSION):
-        raise ValueError(f"{path}: format_version {ver!r} is not supported (this int4lab reads {FORMAT_VERSION})")
-    arch = model_arch(base_model)
-    if meta.get("arch") != arch:
-        raise ValueError(f"{path}: holds a {meta.get('arch')!r} model, base_model is {arch!r}")
-    sch = Scheme(**json.loads(meta["scheme"]))
+        why = (": it predates the per-tensor sha256 and the stored model shape; re-save it with save_quantized"
+               if ver == "1" else "")
+        raise ValueError(f"{path}: format_version {ver!r} is not supported (this int4lab reads "
+                         f"{FORMAT_VERSION}){why}")
+    stored, ours = _json_field(path, meta, "shape"), model_shape(base_model)
+    for k in SHAPE_FIELDS:
+        if stored.get(k) != ours[k]:
+            raise ValueError(f"{path}: holds a model with {k} = {stored.get(k)!r}, base_model has {k} = {ours[k]!r}")
+    sums = _json_field(path, meta, "sha256")
+    sch = Scheme(**_json_field(path, meta, "scheme"))
+    try:
+        state = load_file(str(path), device="cpu")
+    except SafetensorError as e:
+        raise ValueError(f"{path}: not a readable safetensors file (truncated or corrupt?): {e}") from None
+    for k, v in state.items():
+        got = tensor_sha256(v)
+        if sums.get(k) != got:
+            raise ValueError(f"{path}: tensor {k} fails its sha256 check (stored {str(sums.get(k))[:16]}, "
+                             f"read {got[:16]}): the file is corrupt")
     # Build the quantised module structure (round-to-nearest placeholders of the right shapes), then overwrite.
     model, _ = quantize_model(base_model, "rtn", sch.targets, sch.act, lm_head=sch.lm_head, progress=False)
     model.int4_scheme = sch
-    state = load_file(str(path), device="cpu")
     want = model.state_dict()
     missing = sorted(set(want) - set(state))
     extra = sorted(set(state) - set(want))

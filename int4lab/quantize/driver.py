@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .._checks import check_tensor
+from .._checks import check_finite, check_tensor
 from ..format import BLOCK, block_scales, check_scale_range, pack_codes, pack_int4_b32
 from .hessian import attn_key, expert_key, hessian_hooks
 from .layout import (ATTN_PROJ, LAYOUT, Scheme, attention, decoder_layers, experts_of, input_device, model_arch,
@@ -59,7 +59,9 @@ class QuantReport:
 
 def dithered_pack(w: torch.Tensor, dither: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """`pack_int4_b32` with the rounding dithered: codes round(w / s + u), u ~ U(-dither, dither), clamped to
-    [-8, 7]; the same scales (amax / 7). w [..., N, K] float; returns (packed uint8, scales float16)."""
+    [-8, 7]; the same scales (amax / 7). w [..., N, K] float; returns (packed uint8, scales float16).
+    ValueError for NaN or inf in w, as pack_int4_b32."""
+    check_finite("w", w)
     s = block_scales(w)                                             # fp32 [..., N, K/32]
     check_scale_range(s)
     wb = w.float().reshape(*w.shape[:-1], -1, BLOCK)
@@ -85,6 +87,16 @@ def _set_experts(layer, arch, new):
     setattr(moe_block(layer, arch), LAYOUT[arch]["experts"], new)
 
 
+def check_unquantised(name: str, model) -> None:
+    """ValueError naming `name` when `model` already holds int4-b32 modules: packing reads the float
+    weights (gate_up_proj, q_proj.weight), which quantisation replaced."""
+    sch = getattr(model, "int4_scheme", None)
+    if sch is not None or any(isinstance(m, (Int4Experts, Int4Linear)) for m in model.modules()):
+        what = f" ({sch.name})" if sch is not None else ""
+        raise ValueError(f"{name} is already quantised{what}: pass a fresh unquantised model (quantisation "
+                         f"replaces the float weights it reads)")
+
+
 def quantize_model(model, scheme: str = "rtn", targets: str = "experts", act: str = "int8", *,
                    calib_ids: torch.Tensor | None = None, min_rows: int | None = None, damp: float = 0.01,
                    blocksize: int = 128, batch_size: int = 8, lm_head: bool = False, dither: float = 0.0,
@@ -106,6 +118,7 @@ def quantize_model(model, scheme: str = "rtn", targets: str = "experts", act: st
     """
     sch = Scheme(scheme, targets, act, lm_head)
     arch = model_arch(model)
+    check_unquantised("model", model)
     if min_rows is not None and (not isinstance(min_rows, int) or isinstance(min_rows, bool) or min_rows < 1):
         raise ValueError(f"min_rows must be a positive int or None (= K), got {min_rows!r}")
     if not (isinstance(damp, (int, float)) and damp > 0):
@@ -118,6 +131,11 @@ def quantize_model(model, scheme: str = "rtn", targets: str = "experts", act: st
         check_tensor("calib_ids", calib_ids, (torch.int64,), (2,))
         if calib_ids.numel() == 0:
             raise ValueError("calib_ids must hold at least one token")
+        vocab = model.get_input_embeddings().num_embeddings
+        lo, hi = int(calib_ids.min()), int(calib_ids.max())
+        if lo < 0 or hi >= vocab:
+            raise ValueError(f"calib_ids must lie in [0, vocab_size) = [0, {vocab}), got values in [{lo}, {hi}] "
+                             f"(tokenised with another tokenizer?)")
     elif calib_ids is not None:
         raise ValueError("calib_ids is only used by scheme='gptq'; pass None for round-to-nearest")
     rep = QuantReport(arch=arch, scheme=sch, min_rows=min_rows or 0, damp=damp if scheme == "gptq" else 0.0,

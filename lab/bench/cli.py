@@ -10,11 +10,14 @@ import torch
 
 from lab.bench import __doc__ as PACKAGE_DOC
 from lab.bench.harness import dry_run, run
+from int4lab.paths import RUNS
 from lab.bench.schema import DEFAULT_OUT, IMPLS, validate_receipt
 
 # Start no new measurement after this many seconds: a full H200 run, the last measurement started before the
 # budget included, takes under 6 minutes; what is left unstarted is listed as skipped.
 DEFAULT_BUDGET_S = 300.0
+# A user's run writes beside the repository's receipts, never over them: data/receipts/ only through --out.
+DEFAULT_RUN_OUT = RUNS / DEFAULT_OUT.name
 
 
 def main(argv=None) -> int:
@@ -22,8 +25,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help="two GEMV shapes and Qwen3's MoE layer at 1 and 8 tokens: the same code path, < 1 min")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"receipt path (default {DEFAULT_OUT.name} "
-                                                                   "under data/receipts/)")
+    ap.add_argument("--out", type=Path, default=DEFAULT_RUN_OUT,
+                    help=f"receipt path (default runs/{DEFAULT_OUT.name}; data/receipts/ only when named here)")
     ap.add_argument("--only", default="", help=f"comma-separated subset of {','.join(IMPLS)} (the read floor "
                                                "is measured for every row whatever the subset)")
     ap.add_argument("--replays", type=int, default=20, help="timed graph replays per row; us = their median")
@@ -41,14 +44,20 @@ def main(argv=None) -> int:
             print(f"{d['model']:8s} {d['layer']:22s} {d['N']:6d}x{d['K']:<6d} R={d['rows']:<3d}{active} "
                   f"{d['impl']:17s} {d['bytes']:>12d} B")
         return 0
+    from int4lab._checks import check_out_path
+    from int4lab.receipts import portable_command, write_receipt
+    try:
+        check_out_path(args.out)                              # before anything is timed
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("lab.bench: no CUDA device here; timing needs one (use --dry-run to list shapes and bytes)",
               file=sys.stderr)
         return 2
-    from int4lab.receipts import portable_command, write_receipt
     cmd = portable_command("python -m lab.bench " + " ".join(argv if argv is not None else sys.argv[1:]))
-    # after every measurement the receipt on disk is rewritten (method.complete false until the end), so a run
-    # killed from outside still leaves what it measured
+    # after every measurement the receipt on disk is replaced (atomically: a whole JSON file, never part of one;
+    # method.complete false until the end), so a run killed from outside still leaves what it measured
     payload = run(quick=args.quick, only=only, replays=args.replays, seed=args.seed,
                   budget_s=args.budget_s or None, checkpoint=lambda p: write_receipt(args.out, p, command=cmd, sources="kernels"))
     validate_receipt({"provenance": {}, **payload})
