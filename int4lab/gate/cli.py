@@ -11,7 +11,8 @@ import torch
 
 from ..paths import RECEIPTS
 from ..quantize import ACTS, SCHEMES, TARGETS
-from .run import DITHER, check_budget, plan_arms, run_gate
+from .run import BATCH_TOKENS, DITHER, check_budget, plan_arms, run_gate
+from .score import STAT_BYTES
 from .table import format_table
 from .texts import TEXTS
 
@@ -38,7 +39,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--texts", nargs="+", choices=TEXTS, default=list(TEXTS))
     ap.add_argument("--window", type=int, default=None,
                     help="inputs per scoring window (default: the model's trained context)")
-    ap.add_argument("--batch", type=int, default=16, help="windows per forward")
+    ap.add_argument("--batch", type=int, default=16, help="most windows per forward (windows sorted by length)")
+    ap.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS,
+                    help="most inputs per forward, b x its longest window (bounds the [tokens, V] logits held)")
+    ap.add_argument("--arms-per-group", type=int, default=None,
+                    help="arms held on the device at once, the source re-run per group (default: as many as the "
+                         "free GPU memory holds; on a CPU all)")
+    ap.add_argument("--stat-bytes", type=int, default=STAT_BYTES,
+                    help="scratch bytes of one chunk of the on-device statistics (4 float32 [tokens, V] tensors)")
     ap.add_argument("--lottery", type=int, default=4, help="dithered round-to-nearest re-packs (0: none)")
     ap.add_argument("--dither", type=float, default=DITHER, help="lottery dither amplitude, units of the scale")
     ap.add_argument("--calib-draws", type=int, default=3, help="GPTQ packs, each on its own calibration draw")
@@ -49,8 +57,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--damp", type=float, default=0.01, help="GPTQ dampening, fraction of mean diag(H)")
     ap.add_argument("--boot", type=int, default=2000, help="bootstrap resamples")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    ap.add_argument("--subset-stride", type=int, default=4,
-                    help="lottery tickets and calibration draws after the first score every n-th document")
     ap.add_argument("--floor-stride", type=int, default=16, help="the precision floor scores every n-th document")
     ap.add_argument("--max-docs", type=int, default=None, help="first n documents per text only (quick runs)")
     ap.add_argument("--no-floor", action="store_true", help="skip the bf16-vs-fp32 precision floor")
@@ -89,7 +95,8 @@ def main(argv=None) -> int:
                            floor=not args.no_floor, calib_tokens=args.calib_tokens, calib_len=args.calib_len,
                            min_rows=args.min_rows, damp=args.damp, n_boot=args.boot, seed=args.seed,
                            parity_steps=args.parity_steps, max_docs=args.max_docs,
-                           subset_stride=args.subset_stride, floor_stride=args.floor_stride, tasks=args.tasks,
+                           batch_tokens=args.batch_tokens, arms_per_group=args.arms_per_group,
+                           stat_bytes=args.stat_bytes, floor_stride=args.floor_stride, tasks=args.tasks,
                            limit=args.limit,
                            progress=not args.quiet)
     except (FileNotFoundError, ValueError) as e:
