@@ -74,6 +74,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--out", default=None, help="receipt path (default data/receipts/gate_<model>.json)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--log", action="store_true",
+                    help="one line per phase on stderr (source loaded, each arm built, each group scored, floor)")
     return ap
 
 
@@ -98,7 +100,8 @@ def main(argv=None) -> int:
                            batch_tokens=args.batch_tokens, arms_per_group=args.arms_per_group,
                            stat_bytes=args.stat_bytes, floor_stride=args.floor_stride, tasks=args.tasks,
                            limit=args.limit,
-                           progress=not args.quiet)
+                           progress=not args.quiet,
+                           log=(lambda m: print(m, file=sys.stderr, flush=True)) if args.log else None)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
