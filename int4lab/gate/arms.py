@@ -67,6 +67,19 @@ def copy_source(src):
     return copy.deepcopy(src)
 
 
+def model_bytes(model) -> dict:
+    """{device type: bytes} of a model's parameters and buffers (each storage once), e.g. {"cuda": ..., "cpu": ...};
+    weights accelerate keeps off the device ("meta") count under "meta"."""
+    out, seen = {}, set()
+    for t in list(model.parameters()) + list(model.buffers()):
+        key = (t.device, t.untyped_storage().data_ptr()) if t.device.type != "meta" else id(t)
+        if key in seen:
+            continue
+        seen.add(key)
+        out[t.device.type] = out.get(t.device.type, 0) + t.numel() * t.element_size()
+    return out
+
+
 def cuda_free_bytes(dev=None) -> int:
     """Free bytes on the CUDA device: what the driver reports plus what torch's allocator holds unused."""
     free, _ = torch.cuda.mem_get_info(dev)

@@ -17,7 +17,7 @@ import torch
 
 from ..quantize import input_device, model_arch, quantize_model
 from . import stats
-from .arms import DITHER, Arm, GroupSizer, copy_source, free_memory, logits_bytes, plan_arms
+from .arms import DITHER, Arm, GroupSizer, copy_source, free_memory, logits_bytes, model_bytes, plan_arms
 from .compare import assemble
 from .score import STAT_BYTES, ScoreTiming, score_models
 from .texts import TEXTS, Windows, calibration_ids, documents, split_ids, trained_context
@@ -132,7 +132,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
                         "twin": a.twin, "scored": "every document", "quant_report": rep.to_dict(),
                         "copy" if device_map is None else "load": "deepcopy of the source" if device_map is None
                         else "from disk (device_map)", "load_s": load_s, "quantise_s": quantise_s,
-                        "group": len(groups), **sizer.end_build()}
+                        "group": len(groups), "bytes": model_bytes(m), **sizer.end_build()}
         secs["build_s"] += time.time() - ta
         if on_arm is not None:
             on_arm(a.name, m)
@@ -223,7 +223,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
                      "min_rows_fallback": "round-to-nearest", "damp": damp,
                      "dither": sorted({a.dither for a in arms if a.dither}), "threads": torch.get_num_threads(),
                      "floor_stride": floor_stride, "max_docs": max_docs},
-        "groups": groups,
+        "groups": groups, "source_bytes": model_bytes(src),
         "source_rerun": {"groups": len(groups), "max_abs_nll": max(rerun) if rerun else 0.0,
                          "note": "the source's per-token nll in later groups against the first group's"},
         "timing": {"load_source_s": load_source_s, **secs, "floor_s": floor_s, "bootstrap_s": bootstrap_s,
