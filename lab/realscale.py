@@ -112,13 +112,16 @@ def fit_depths(points: dict, full_layers: int) -> dict:
     my = sum(y for _, y in pts) / n
     sxx = sum((x - mx) ** 2 for x, _ in pts)
     if sxx == 0:
-        raise ValueError(f"points must hold at least two different depths, got {sorted(points)}")
+        raise ValueError(f"points must hold at least two different depths, got {[x for x, _ in pts]}")
     per = sum((x - mx) * (y - my) for x, y in pts) / sxx
     fixed = my - per * mx
     full = fixed + full_layers * per
-    return {"points": {str(x): y for x, y in pts}, "fixed": fixed, "per_layer": per, "full_layers": full_layers,
-            "full_depth": full, "fit": "least squares" if n > 2 else "through both depths",
-            "formula": f"{fixed:.6g} + {full_layers} x {per:.6g} = {full:.6g}"}
+    out = {"points": {str(x): y for x, y in pts}, "fixed": fixed, "per_layer": per, "full_layers": full_layers,
+           "full_depth": full, "fit": "least squares" if n > 2 else "through both depths",
+           "formula": f"{fixed:.6g} + {full_layers} x {per:.6g} = {full:.6g}"}
+    if per < 0:
+        out["warning"] = "per_layer < 0: the depths differ by less than the run-to-run noise of this quantity"
+    return out
 
 
 def param_split(arch: str, width: str) -> dict:
