@@ -123,6 +123,21 @@ def test_paired_ci_by_hand_and_seeded():
         gate.paired_ci(arm[:5], src, doc)
 
 
+def test_kl_p99_bisection_equals_the_cumulative_weights():
+    # the 99th percentile per resample by bisection equals the direct reading of each resample's cumulative
+    # weights (the first sorted token where it reaches 0.99 of the total), ties and one-document texts included
+    from int4lab.gate.stats import _resample_counts, _weighted_p99
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        D = int(rng.integers(1, 30))
+        d = np.repeat(np.arange(D), rng.integers(1, 200, D))
+        v = np.round(rng.exponential(1.0, d.size), 2 if seed % 2 else 9)
+        C = _resample_counts(D, 150, seed).astype(np.float64)
+        vs, ds = v[np.argsort(v, kind="stable")], d[np.argsort(v, kind="stable")]
+        direct = [vs[np.searchsorted(np.cumsum(c[ds]), 0.99 * c[ds].sum())] for c in C]
+        assert np.array_equal(_weighted_p99(v, d, C), direct), seed
+
+
 def test_bootstrap_covers_the_truth():
     # 200 seeded synthetic texts with a known relative change of +0.5%: the 95% CI must cover it in
     # about 95% of them (percentile bootstrap over 60 documents: a little under; >= 90% required).

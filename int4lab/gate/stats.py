@@ -83,14 +83,26 @@ def paired_ci(x: np.ndarray, y: np.ndarray, doc: np.ndarray, *, kl=None, top1=No
 
 
 def _weighted_p99(v: np.ndarray, d: np.ndarray, C: np.ndarray) -> np.ndarray:
-    """The 99th percentile of v on each resample (a token counts as often as its document was drawn)."""
+    """The 99th percentile of v on each resample (a token counts as often as its document was drawn): the
+    first token, in sorted order, at which the resample's cumulative weight reaches 0.99 of its total.
+
+    One bisection over sorted positions for all resamples at once: the weight up to position i is
+    Σ_d C[b, d] · (tokens of document d among the first i + 1), counted by a search in each document's
+    sorted positions, so memory stays O(T + Bs·D)."""
     order = np.argsort(v, kind="stable")
     vs, ds = v[order], d[order]
-    out = np.empty(C.shape[0])
-    for i, c in enumerate(C):
-        w = np.cumsum(c[ds])
-        out[i] = vs[min(np.searchsorted(w, 0.99 * w[-1]), len(vs) - 1)]
-    return out
+    D = C.shape[1]
+    by_doc = np.argsort(ds, kind="stable")                       # sorted positions, grouped by document
+    pos = np.split(by_doc, np.cumsum(np.bincount(ds, minlength=D))[:-1])
+    target = 0.99 * (C @ np.bincount(ds, minlength=D).astype(np.float64))
+    lo = np.zeros(C.shape[0], dtype=np.int64)
+    hi = np.full(C.shape[0], len(vs) - 1, dtype=np.int64)
+    while (lo < hi).any():
+        mid = (lo + hi) // 2
+        w = sum(C[:, k] * np.searchsorted(pos[k], mid, side="right") for k in range(D) if C[:, k].any())
+        ge = w >= target
+        hi, lo = np.where(ge, mid, hi), np.where(ge, lo, mid + 1)
+    return vs[lo]
 
 
 def tokens_to_decide(ci: dict, tokens: int, budget: float) -> int | None:
