@@ -72,6 +72,7 @@ def summarise(p: dict) -> dict:
     tm = {k: v for k, v in p["timing"].items() if k not in ("per_model_s", "note")}
     return {
         "seconds": p["seconds"], "timing": tm, "build_s_by_kind": kinds, "arms": len(arms),
+        "gate_gpu_peak_bytes": p.get("gpu_peak_bytes"),
         "groups": [len(g["arms"]) for g in p["groups"]], "group_rule": p["settings"]["group_rule"],
         "gpu_source_bytes": gpu(p["source_bytes"]), "source_bytes": p["source_bytes"],
         "gpu_arm_bytes_max": max(gpu(a.get("bytes")) for a in arms.values()),
@@ -191,6 +192,8 @@ def measure_depth(arch: str, layers: int, workdir, width: str, device: str, devi
         if rc != 0:
             raise RuntimeError(f"the gate returned {rc}")
         g.update(summarise(json.loads((tmp / "gate.json").read_text())))
+        if g.get("gate_gpu_peak_bytes") is not None:      # phases inside the gate reset torch's peak counter
+            g["gpu_peak_bytes"] = max(g["gpu_peak_bytes"] or 0, g["gate_gpu_peak_bytes"])
         g["table"] = table.getvalue().splitlines()[-40:]
         rec["gate"] = g
         log(f"{arch} {layers} layers: gate {g['s']:.1f} s, GPU peak {(g['gpu_peak_bytes'] or 0) / 2 ** 30:.1f} GiB, "

@@ -97,6 +97,30 @@ def logits_bytes(batch_tokens: int, vocab: int, itemsize: int) -> int:
     return 2 * batch_tokens * vocab * itemsize
 
 
+class CudaPeak:
+    """The peak of allocated GPU bytes over a whole run, though phases inside it reset torch's peak counter
+    to measure their own: `reset` folds the counter into the running maximum first."""
+
+    def __init__(self, dev):
+        self.dev = torch.device(dev) if torch.device(dev).type == "cuda" and torch.cuda.is_available() else None
+        self.peak = torch.cuda.max_memory_allocated(self.dev) if self.dev else 0
+
+    def reset(self) -> int:
+        """Reset torch's peak counter; returns the bytes allocated now (0 without CUDA)."""
+        if not self.dev:
+            return 0
+        self.peak = max(self.peak, torch.cuda.max_memory_allocated(self.dev))
+        torch.cuda.reset_peak_memory_stats(self.dev)
+        return torch.cuda.memory_allocated(self.dev)
+
+    def since(self, base: int) -> int:
+        """Peak bytes above base since the last reset."""
+        return torch.cuda.max_memory_allocated(self.dev) - base if self.dev else 0
+
+    def total(self) -> int | None:
+        return max(self.peak, torch.cuda.max_memory_allocated(self.dev)) if self.dev else None
+
+
 class GroupSizer:
     """When to stop building arms and score the group held so far.
 
@@ -112,6 +136,7 @@ class GroupSizer:
         self.fixed = fixed
         self.cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
         self.dev = torch.device(device) if self.cuda else None
+        self.peaks = CudaPeak(device)
         self.score_need = score_estimate + SCORE_RESERVE
         self.build_peak = 0
         self._base = 0
@@ -128,15 +153,14 @@ class GroupSizer:
     def start_build(self) -> None:
         if self.cuda:
             free_memory()
-            torch.cuda.reset_peak_memory_stats(self.dev)
-            self._base = torch.cuda.memory_allocated(self.dev)
+            self._base = self.peaks.reset()
 
     def end_build(self) -> dict:
         """After an arm is built: its bytes on the GPU and its build's peak (None on a CPU)."""
         if not self.cuda:
             return {}
         free_memory()
-        peak = torch.cuda.max_memory_allocated(self.dev) - self._base
+        peak = self.peaks.since(self._base)
         self.build_peak = max(self.build_peak, peak)
         return {"gpu_bytes": torch.cuda.memory_allocated(self.dev) - self._base, "gpu_build_peak_bytes": peak}
 

@@ -87,6 +87,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     for t in texts:
         if t not in TEXTS:
             raise ValueError(f"texts must be among {TEXTS}, got {t!r}")
+    GroupSizer(arms_per_group, "cpu", 0)                     # its checks, before anything is loaded
     from .models import check_max_memory, load_model
     check_max_memory(max_memory, device_map)
     _load = loader or (lambda dt: load_model(model, dt, device, device_map, max_memory))
@@ -146,7 +147,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
         groups.append({"arms": list(held), "closed": why})
         bar.total += nb * (1 + len(held))
         bar.refresh()
-        before = _gpu_start(dev)
+        before = sizer.peaks.reset() if sizer.cuda else None
         ts = time.time()
         for t, w in wins.items():
             got = score_models({"source": src, **held}, w, batch, bar.update, batch_tokens=batch_tokens,
@@ -159,7 +160,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
                 per[t][n] = got[n]
         groups[-1]["score_s"] = time.time() - ts
         if before is not None:
-            groups[-1]["gpu_score_peak_bytes"] = torch.cuda.max_memory_allocated(dev) - before
+            groups[-1]["gpu_score_peak_bytes"] = sizer.peaks.since(before)
             sizer.scored(groups[-1]["gpu_score_peak_bytes"])
         say(f"group {g}: {len(held)} arms scored in {groups[-1]['score_s']:.1f} s ({why})")
         if parity_steps and parity is None:
@@ -223,7 +224,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
                      "min_rows_fallback": "round-to-nearest", "damp": damp,
                      "dither": sorted({a.dither for a in arms if a.dither}), "threads": torch.get_num_threads(),
                      "floor_stride": floor_stride, "max_docs": max_docs},
-        "groups": groups, "source_bytes": model_bytes(src),
+        "groups": groups, "source_bytes": model_bytes(src), "gpu_peak_bytes": sizer.peaks.total(),
         "source_rerun": {"groups": len(groups), "max_abs_nll": max(rerun) if rerun else 0.0,
                          "note": "the source's per-token nll in later groups against the first group's"},
         "timing": {"load_source_s": load_source_s, **secs, "floor_s": floor_s, "bootstrap_s": bootstrap_s,
@@ -242,14 +243,6 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
         payload["lmeval"] = lm
     payload["seconds"] = seconds
     return payload
-
-
-def _gpu_start(dev):
-    """Allocated bytes now, peak statistics reset (CUDA); None elsewhere."""
-    if torch.device(dev).type != "cuda":
-        return None
-    torch.cuda.reset_peak_memory_stats(dev)
-    return torch.cuda.memory_allocated(dev)
 
 
 def _jsonable(max_memory):

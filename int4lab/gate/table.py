@@ -63,6 +63,11 @@ def render_gate_table(receipts_dir) -> str:
     if not paths:
         raise FileNotFoundError(f"no gate_*.json receipts in {receipts_dir}: run `python -m int4lab.gate`")
     rs = [read_receipt(p) for p in paths]
+    for p, r in zip(paths, rs):
+        if r.get("settings", {}).get("scored") != "every arm on every document":
+            raise ValueError(f"{p.name} scored some arms on a subset of documents (an older gate): regenerate it "
+                             f"with `{r.get('provenance', {}).get('command') or 'python -m int4lab.gate'}` "
+                             "without --subset-stride")
     texts = list(dict.fromkeys(t for r in rs for t in r["texts"]))
     head = (["model", "arm"] + [f"Δ ppl {t} [95% CI]" for t in texts] + ["verdict"]
             + [f"KL {t} [95% CI]" for t in texts] + ["calibration", "receipt"])
