@@ -106,6 +106,8 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     nb = sum(len(w.batches(batch, batch_tokens)) for w in wins.values())
     vocab = src.get_output_embeddings().weight.shape[0]
     dev = input_device(src)
+    if torch.cuda.is_available() and (device_map is not None or dev.type == "cuda"):
+        dev = torch.device("cuda", torch.cuda.current_device() if dev.type != "cuda" else dev.index or 0)
     sizer = GroupSizer(arms_per_group, dev, logits_bytes(min(batch_tokens or batch * L, batch * L), vocab,
                                                          torch.empty(0, dtype=dtype).element_size()))
     bar = _bar(progress, len(arms), f"gate {name}")
