@@ -98,6 +98,34 @@ def extrapolate(measured: float, layers: int, full_layers: int, fixed: float = 0
             "formula": f"{fixed:.6g} + {full_layers} x {per:.6g} = {fixed + full_layers * per:.6g}"}
 
 
+def fit_depths(points: dict, full_layers: int) -> dict:
+    """A quantity measured at several depths {layers: value}, fitted as fixed + layers x per_layer (least
+    squares; through both points for two depths) and taken to full_layers; every number beside the result.
+    One depth: per_layer = value / layers and fixed = 0 (an upper bound on per_layer where a fixed part exists)."""
+    pts = sorted((int(k), float(v)) for k, v in points.items() if v is not None)
+    if not pts:
+        raise ValueError("points must hold at least one measured depth")
+    if len(pts) == 1:
+        e = extrapolate(pts[0][1], pts[0][0], full_layers)
+        e["fit"] = "one depth: fixed taken as 0"
+        return e
+    n = len(pts)
+    mx = sum(x for x, _ in pts) / n
+    my = sum(y for _, y in pts) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    if sxx == 0:
+        raise ValueError(f"points must hold at least two different depths, got {[x for x, _ in pts]}")
+    per = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    fixed = my - per * mx
+    full = fixed + full_layers * per
+    out = {"points": {str(x): y for x, y in pts}, "fixed": fixed, "per_layer": per, "full_layers": full_layers,
+           "full_depth": full, "fit": "least squares" if n > 2 else "through both depths",
+           "formula": f"{fixed:.6g} + {full_layers} x {per:.6g} = {full:.6g}"}
+    if per < 0:
+        out["warning"] = "per_layer < 0: the depths differ by less than the run-to-run noise of this quantity"
+    return out
+
+
 def param_split(arch: str, width: str) -> dict:
     """Parameters of one decoder layer and of the rest (embeddings, final norm, lm_head), counted on the
     meta device from the configs with 1 and 2 layers (exact, nothing allocated)."""
@@ -282,16 +310,21 @@ def _measure_arch(arch: str, layers: int, work: Path, width: str, split_gpu: str
 
     # 1. the gate by path on one device: RTN and GPTQ, experts and experts+attn, parity through the kernels
     gate = {}
+    kept = {}
+
+    def keep(name, model):                 # the arms saved and decoded below (the gate frees the others)
+        if name.startswith(("gptq/experts+attn", "rtn/experts/")):
+            kept[name] = model
 
     def do_gate():
         with phase(gate):
-            p = run_gate(str(src), arms, loader=loader(), **kw)
+            p = run_gate(str(src), arms, loader=loader(), on_arm=keep, **kw)
         gate.update({"load_s": list(loads), "arms": _summarise_arms(p), "parity": p.get("parity"),
                      "seconds_in_gate": p["seconds"]})
         gate["gptq_per_layer"] = _gptq_per_layer(gate["arms"])
         return gate
     rec["gate"] = _step(rec, "gate", do_gate, log)
-    models = dict(zip(["source"] + [a.name for a in arms], made)) if rec["gate"] else {}
+    models = {"source": made[0], **kept} if rec["gate"] else {}
 
     # 2. save and reload the GPTQ experts+attn model; decode through the kernels against bf16
     gq = next((n for n in models if n.startswith("gptq/experts+attn")), None)
@@ -325,6 +358,7 @@ def _measure_arch(arch: str, layers: int, work: Path, width: str, split_gpu: str
     if rq:
         rec["decode"] = _step(rec, "decode", do_decode, log)
     models.clear()
+    kept.clear()
     made.clear()
     _free()
 

@@ -162,12 +162,8 @@ LIBRARY = [
      r"--window: window must be at most the model's trained context 256"),
     ("batch_0", lambda c, d: check_settings(batch=0), ValueError, r"--batch: batch must be an int >= 1"),
     ("threads_negative", lambda c, d: check_settings(threads=-1), ValueError, r"--threads: threads must be"),
-    ("subset_stride_0", lambda c, d: check_settings(subset_stride=0), ValueError,
-     r"--subset-stride: subset_stride must be an int >= 1"),
     ("floor_stride_0", lambda c, d: check_settings(floor_stride=0), ValueError, r"--floor-stride: floor_stride"),
     ("boot_5", lambda c, d: check_settings(n_boot=5), ValueError, r"--boot: n_boot must be an int >= 100"),
-    ("subset_too_small", lambda c, d: check_settings(texts=("test",), max_docs=12, subset_stride=4), ValueError,
-     r"--subset-stride: subset_stride must be small enough that 1 in 4 documents of text 'test' still gives 10"),
     ("unknown_text", lambda c, d: check_settings(texts=("wiki",)), ValueError, r"--texts: texts must be among"),
     ("device_tpu", lambda c, d: check_settings(device="tpu"), ValueError,
      r"--device: device must be cpu or cuda\[:N\], got 'tpu'"),
@@ -252,10 +248,6 @@ CLI = [
                                                         r"context 256"),
     (_gate, ["--model", "olmoe", "--batch", "0"], r"--batch: batch must be an int >= 1"),
     (_gate, ["--model", "olmoe", "--threads", "-1"], r"--threads: threads must be an int >= 1"),
-    (_gate, ["--model", "olmoe", "--subset-stride", "0"], r"--subset-stride: subset_stride must be an int >= 1"),
-    (_gate, ["--model", "olmoe", "--subset-stride", "9"], r"--subset-stride: .*1 in 9 documents of text 'ood'"),
-    (_gate, ["--model", "olmoe", "--max-docs", "12"], r"--subset-stride: .*1 in 4 documents of text 'test' "
-                                                      r"still gives 10 documents \(it gives 3 of 12"),
     (_gate, ["--model", "olmoe", "--boot", "10"], r"--boot: n_boot must be an int >= 100"),
     (_gate, ["--model", "olmoe", "--calib-tokens", "10", "--calib-len", "64"], r"--calib-tokens: calib_tokens must "
                                                                                 r"be at least calib_len \(64\)"),

@@ -1,5 +1,6 @@
-"""The perplexity gate: windows, the paired bootstrap and its coverage, the verdict rule on synthetic
-per-token arrays, the lottery and calibration rules, the kernel-parity check, a whole run, the CLI."""
+"""The perplexity gate: windows and their batches, the on-device statistics against the one-shot formula,
+the paired bootstrap and its coverage, the verdict rule on synthetic per-token arrays, the rounding band and
+the calibration rule, the kernel-parity check, a whole run (arms in groups equal to all at once), the CLI."""
 import json
 import math
 
@@ -52,6 +53,38 @@ def test_windows_score_every_token_after_each_documents_first_once(tok):
         gate.Windows(tok, docs, 0)
 
 
+@pytest.mark.parametrize("L,batch,batch_tokens", [(64, 4, None), (64, 16, 100), (1000, 3, 700), (7, 5, 1)])
+def test_windows_fit_the_text_and_batches_bound_the_padding(tok, L, batch, batch_tokens):
+    docs = [d[:n] for d, n in zip(gate.documents("test")[:6], (4000, 900, 150, 2500, 40, 4000))]
+    w = gate.Windows(tok, docs, L)
+    lens = [len(tok(d, add_special_tokens=False, verbose=False)["input_ids"]) for d in docs]
+    # no window crosses a document, none is longer than L inputs, a short document is one short window
+    assert (w.n >= 2).all() and (w.n <= L + 1).all()
+    for d, n in enumerate(lens):
+        k = w.n[w.doc == d]
+        assert int((k - 1).sum()) == n - 1 and len(k) == -(-(n - 1) // L)
+        assert (w.ids[w.doc == d][:, 0] == torch.tensor(
+            tok(docs[d], add_special_tokens=False, verbose=False)["input_ids"][0:(n - 1):L])).all()
+    # every window in exactly one batch; each batch within batch and batch_tokens (a lone window may exceed it)
+    bs = w.batches(batch, batch_tokens)
+    assert sorted(torch.cat(bs).tolist()) == list(range(len(w)))
+    for b in bs:
+        longest = int(w.n[b].max()) - 1
+        assert len(b) <= batch and (batch_tokens is None or len(b) * longest <= batch_tokens or len(b) == 1)
+    # the offsets lay every window's predictions end to end, each token once
+    off = w.offsets
+    assert off[0] == 0 and (off[1:] == off[:-1] + w.n[:-1] - 1).all() and int(off[-1] + w.n[-1] - 1) == w.tokens
+    pad = w.padding(bs)
+    assert pad["tokens"] == w.tokens and pad["inputs"] >= w.tokens and pad["batches"] == len(bs)
+    assert pad["fraction"] == pytest.approx(1 - w.tokens / pad["inputs"])
+    # sorting by length never computes more than padding every window to L
+    assert pad["inputs"] <= len(w) * L
+    if L == 1000:                               # documents of very different lengths: padding to L wastes a third
+        assert pad["fraction"] < 0.25 < 1 - w.tokens / (len(w) * L)
+    with pytest.raises(ValueError, match="batch_tokens must be a positive int"):
+        w.batches(4, 0)
+
+
 def test_trained_context_comes_from_the_training_receipt():
     for arch in ("mixtral", "olmoe", "qwen3_moe"):
         assert gate.trained_context(arch) == 256
@@ -88,6 +121,21 @@ def test_paired_ci_by_hand_and_seeded():
         gate.paired_ci(arm, src, doc, n_boot=10)
     with pytest.raises(ValueError, match="equal-length"):
         gate.paired_ci(arm[:5], src, doc)
+
+
+def test_kl_p99_bisection_equals_the_cumulative_weights():
+    # the 99th percentile per resample by bisection equals the direct reading of each resample's cumulative
+    # weights (the first sorted token where it reaches 0.99 of the total), ties and one-document texts included
+    from int4lab.gate.stats import _resample_counts, _weighted_p99
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        D = int(rng.integers(1, 30))
+        d = np.repeat(np.arange(D), rng.integers(1, 200, D))
+        v = np.round(rng.exponential(1.0, d.size), 2 if seed % 2 else 9)
+        C = _resample_counts(D, 150, seed).astype(np.float64)
+        vs, ds = v[np.argsort(v, kind="stable")], d[np.argsort(v, kind="stable")]
+        direct = [vs[np.searchsorted(np.cumsum(c[ds]), 0.99 * c[ds].sum())] for c in C]
+        assert np.array_equal(_weighted_p99(v, d, C), direct), seed
 
 
 def test_bootstrap_covers_the_truth():
@@ -144,24 +192,39 @@ def test_verdict_and_tokens_to_decide_edges():
         gate.verdict({"t": {"rel": {"value": 0.0, "lo": 0.1, "hi": 0.2}, "tokens": 1}}, 0.01)
 
 
-def test_lottery_spread_and_calibration_judgement():
-    assert gate.lottery_spread([0.010, 0.012, 0.007]) == pytest.approx(0.005)
-    with pytest.raises(ValueError, match="at least two packs"):
-        gate.lottery_spread([0.01])
-    spread = {"test": 0.002, "ood": 0.003}
+def test_rounding_band_and_calibration_judgement():
+    b = gate.rounding_band([0.004, 0.001, 0.002, 0.003])
+    assert (b["lo"], b["hi"]) == pytest.approx(tuple(np.quantile([0.001, 0.002, 0.003, 0.004], [0.05, 0.95])))
+    assert b["lo"] > 0.001 and b["hi"] < 0.004                  # quantiles, not the range of point values
+    with pytest.raises(ValueError, match="at least 2 finite"):
+        gate.rounding_band([0.01])
     g = lambda lo, hi: {"value": (lo + hi) / 2, "lo": lo, "hi": hi}             # noqa: E731
+    bands = {"test": gate.rounding_band([-0.002, 0.001]), "ood": gate.rounding_band([0.001, 0.003])}
     better = {"test": g(-0.01, -0.005), "ood": g(-0.012, -0.004)}
-    assert gate.calibration_judgement([better] * 3, spread)["verdict"] == "ACCEPTED"
-    # clears zero but not the lottery on one text of one draw
-    short = {"test": g(-0.01, -0.005), "ood": g(-0.004, -0.001)}
-    j = gate.calibration_judgement([better, short, better], spread)
-    assert j["verdict"] == "NOT SHOWN" and "draw 1, ood" in j["reasons"][0]
-    worse = {"test": g(0.004, 0.01), "ood": g(-0.012, -0.004)}
-    assert gate.calibration_judgement([better, better, worse], spread)["verdict"] == "WORSE"
+    j = gate.calibration_judgement([better] * 3, bands)
+    assert j["verdict"] == "ACCEPTED" and j["rule"] == gate.CALIBRATION_RULE
+    assert j["texts"]["test"]["helps_below"] == pytest.approx(bands["test"]["lo"]) and j["texts"]["ood"]["helps_below"] == 0
+    # below zero but not below the band's lower edge on one text of one draw
+    short = {"test": g(-0.01, -0.0018), "ood": g(-0.012, -0.004)}         # band lo: -0.00185
+    j = gate.calibration_judgement([better, short, better], bands)
+    assert j["verdict"] == "NOT SHOWN" and "draw 1, test" in j["reasons"][0] and j["texts"]["test"]["helps"] == [
+        True, False, True]
+    # above zero but inside the band: not worse; above the band: worse
+    inside = {"test": g(-0.01, -0.005), "ood": g(0.0005, 0.0025)}
+    assert gate.calibration_judgement([better, better, inside], bands)["verdict"] == "NOT SHOWN"
+    worse = {"test": g(-0.01, -0.005), "ood": g(0.0035, 0.01)}
+    j = gate.calibration_judgement([better, better, worse], bands)
+    assert j["verdict"] == "WORSE" and j["texts"]["ood"]["hurts"] == [False, False, True]
     with pytest.raises(ValueError, match="at least 3 calibration draws"):
-        gate.calibration_judgement([better] * 2, spread)
-    with pytest.raises(ValueError, match="texts of the lottery"):
-        gate.calibration_judgement([{"test": better["test"]}] * 3, spread)
+        gate.calibration_judgement([better] * 2, bands)
+    with pytest.raises(ValueError, match="texts of the rounding band"):
+        gate.calibration_judgement([{"test": better["test"]}] * 3, bands)
+
+
+def test_verdict_says_when_an_arm_scores_better_than_its_source():
+    cis = _cis(test=-0.02, ood=0.001)
+    assert cis["test"]["rel"]["hi"] < 0
+    assert gate.verdict(cis, 0.01)["below_source"] == ["test"]
 
 
 def test_plan_arms():
@@ -177,24 +240,63 @@ def test_plan_arms():
 
 # ---------------------------------------------------------------------------------------------- instruments
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_stats_in_chunks_equal_the_one_shot_formula(device, dtype):
+    # A small vocabulary: chunked (1, 2, 7 tokens at a time) equals unchunked to float64 rounding, and both
+    # equal the host formula the gate used before (log_softmax in float32, KL summed in float32) to fp32's.
+    R, V = 53, 97
+    src = (torch.randn(R, V) * 3).to(dtype).to(device)
+    arm = (src.float() + 0.3 * torch.randn(R, V, device=device)).to(dtype)
+    rows = torch.randperm(R)[:41].sort().values
+    tgt = torch.randint(0, V, (41,))
+    whole = gate.token_stats(src, rows, tgt)
+    ref = gate.token_stats(arm, rows, tgt, src, whole["top"])
+    for c in (1, 2, 7):
+        part = gate.token_stats(arm, rows, tgt, src, whole["top"], stat_bytes=16 * V * c)
+        for k in ("nll", "kl"):
+            assert torch.allclose(part[k], ref[k], rtol=1e-12, atol=1e-15), (c, k)
+        assert torch.equal(part["top1"], ref["top1"]) and torch.equal(part["top"], ref["top"])
+    lp_s = torch.log_softmax(src.float().cpu()[rows], -1)
+    lp_a = torch.log_softmax(arm.float().cpu()[rows], -1)
+    assert ref["nll"].dtype == ref["kl"].dtype == torch.float64 and ref["nll"].device.type == src.device.type
+    assert np.allclose(ref["nll"].cpu(), -lp_a.gather(-1, tgt[:, None])[:, 0].double(), rtol=1e-6, atol=1e-6)
+    assert np.allclose(ref["kl"].cpu(), (lp_s.exp() * (lp_s - lp_a)).sum(-1).double(), rtol=1e-5, atol=1e-7)
+    assert torch.equal(ref["top1"].cpu(), lp_a.argmax(-1) == lp_s.argmax(-1))
+    # the KL's float64 sum: exact for the source against itself
+    assert (gate.token_stats(src, rows, tgt, src, whole["top"])["kl"] == 0).all()
+    with pytest.raises(ValueError, match="ref and ref_top go together"):
+        gate.token_stats(arm, rows, tgt, src)
+    with pytest.raises(ValueError, match="stat_bytes must be a positive int"):
+        gate.token_stats(arm, rows, tgt, stat_bytes=0)
+
+
 @pytest.mark.parametrize("arch", ["olmoe"])
 def test_score_models_equals_one_forward_per_window(arch, tok):
-    win = gate.Windows(tok, [gate.documents("test")[0][:1500]], 48)
+    win = gate.Windows(tok, [gate.documents("test")[0][:1500], gate.documents("test")[1][:200]], 48)
     m = tiny_lm(arch)
     q, _ = quantize_model(tiny_lm(arch), "rtn", "experts+attn", "int8", progress=False)
     per = gate.score_models({"source": m, "q": q}, win, batch=3)
     assert per["source"].nll.size == win.tokens and (per["source"].kl == 0).all()
+    assert (per["q"].doc == win.doc.repeat_interleave(win.n - 1).numpy()).all()      # window order
     with torch.no_grad():                                   # window 1 alone, no batching, no padding
         ids = win.ids[1:2, :win.n[1]]
         lp_s = torch.log_softmax(m(ids[:, :-1]).logits.float(), -1)[0]
         lp_q = torch.log_softmax(q(ids[:, :-1]).logits.float(), -1)[0]
-    off = int(win.n[0]) - 1
+    off = int(win.offsets[1])
     k = int(win.n[1]) - 1
     nll = -lp_s.gather(-1, ids[0, 1:, None])[:, 0]
     assert np.allclose(per["source"].nll[off:off + k], nll.double().numpy(), atol=2e-4)
     kl = (lp_s.exp() * (lp_s - lp_q)).sum(-1)
     assert np.allclose(per["q"].kl[off:off + k], kl.double().numpy(), atol=2e-3)
     assert per["q"].kl.mean() > 1e-4
+    # arms scored in groups (the source re-run with each) give the same per-token numbers as all at once
+    q2, _ = quantize_model(tiny_lm(arch), "rtn", "experts", "int8", progress=False)
+    kw = dict(batch=2, batch_tokens=100)
+    both = gate.score_models({"source": m, "q": q, "q2": q2}, win, **kw)
+    one, two = gate.score_models({"source": m, "q": q}, win, **kw), gate.score_models({"source": m, "q2": q2}, win, **kw)
+    for name, p in (("q", one["q"]), ("q2", two["q2"]), ("source", one["source"]), ("source", two["source"])):
+        for f in ("nll", "kl", "top1", "doc"):
+            assert np.array_equal(getattr(both[name], f), getattr(p, f)), (name, f)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe"])
@@ -219,36 +321,64 @@ def short_documents(mp, chars=400):
     mp.setattr(gate_run, "documents", lambda split: [d[:chars] for d in gate.documents(split)])
 
 
+PLAN = dict(schemes=["rtn", "gptq"], lottery=2, calib_draws=3)
+RUN = dict(window=32, max_docs=gate.MIN_DOCS, n_boot=200, calib_tokens=256, calib_len=32, calib_split="validation",
+           min_rows=8, parity_steps=0, progress=False)
+
+
 @pytest.fixture(scope="module")
 def payload(tok):
-    arms = gate.plan_arms(["rtn", "gptq"], lottery=1, calib_draws=3)
     with pytest.MonkeyPatch.context() as mp:
         short_documents(mp)
-        return gate.run_gate("tiny", arms, window=32, max_docs=gate.MIN_DOCS, n_boot=200, calib_tokens=256,
-                             calib_len=32, calib_split="validation", min_rows=8, subset_stride=1, floor_stride=1,
-                             parity_steps=0, progress=False, loader=lambda dt: (tiny_lm("mixtral", dt), tok, "tiny"))
+        return gate.run_gate("tiny", gate.plan_arms(**PLAN), floor_stride=1, **RUN,
+                             loader=lambda dt: (tiny_lm("mixtral", dt), tok, "tiny"))
 
 
 def test_run_gate_payload(payload):
-    assert set(payload["arms"]) == {a.name for a in gate.plan_arms(["rtn", "gptq"], lottery=1, calib_draws=3)}
+    assert set(payload["arms"]) == {a.name for a in gate.plan_arms(**PLAN)}
     for name, a in payload["arms"].items():
-        assert set(a["texts"]) == {"test", "ood"}
+        assert set(a["texts"]) == {"test", "ood"} and a["scored"] == "every document"
         for t, c in a["texts"].items():
             assert c["rel"]["lo"] <= c["rel"]["value"] <= c["rel"]["hi"]
-            full = a["scored"] == "every document"
-            assert c["tokens"] == (payload["texts"][t]["tokens"] if full else payload["texts"][t]["subset_tokens"])
+            assert c["kl"]["lo"] <= c["kl"]["value"] <= c["kl"]["hi"]
+            assert c["tokens"] == payload["texts"][t]["tokens"] and c["docs"] == payload["texts"][t]["docs"] == gate.MIN_DOCS
         assert a["verdict"] == gate.verdict(a["texts"], payload["budget"])
-    assert payload["arms"]["gptq/experts/W4A8 draw#0"]["scored"] == "every document"
-    assert payload["settings"]["subset_stride"] == 1 and payload["texts"]["test"]["subset_tokens"] == \
-        payload["texts"]["test"]["tokens"]
+        assert (a["kind"] == "rtn") != ("vs_twin" in a)
+    assert payload["settings"]["scored"] == "every arm on every document"
+    pad = payload["texts"]["test"]["padding"]
+    assert pad["tokens"] == payload["texts"]["test"]["tokens"] and 0 <= pad["fraction"] < 0.2
     rep = payload["arms"]["gptq/experts/W4A8 draw#0"]["quant_report"]
     assert rep["gptq_experts"] + len(rep["fallback"]) == 2 * 8 and len(rep["rows"]) == 2
     lot = payload["lottery"]["rtn/experts/W4A8"]
     for t, v in lot["texts"].items():
-        assert len(v["rel"]) == 2 and v["spread"] == pytest.approx(max(v["rel"]) - min(v["rel"]))
+        assert v["values"] == [payload["arms"][n]["vs_twin"][t]["value"] for n in lot["tickets"]]
+        assert v["band"] == gate.rounding_band(v["values"])
     cal = payload["calibration"]["gptq/experts/W4A8"]
-    assert cal["judgement"]["verdict"] in ("ACCEPTED", "NOT SHOWN", "WORSE") and len(cal["gains"]) == 3
+    assert cal["gains"] == [payload["arms"][n]["vs_twin"] for n in cal["draws"]] and len(cal["gains"]) == 3
+    assert cal["judgement"] == gate.calibration_judgement(cal["gains"], {t: v["band"] for t, v in lot["texts"].items()})
     assert payload["floor"]["texts"]["test"]["rel"]["value"] != 0
+    assert len(payload["groups"]) == 1 and payload["source_rerun"]["max_abs_nll"] == 0
+    tm = payload["timing"]
+    assert 0 < tm["forward_s"] <= tm["score_s"] < payload["seconds"] and tm["score_over_forwards"] >= 1
+
+
+def test_arms_in_groups_of_one_equal_all_at_once(payload, tok, monkeypatch):
+    short_documents(monkeypatch)
+    kept = []
+    p1 = gate.run_gate("tiny", gate.plan_arms(**PLAN), floor=False, arms_per_group=1, texts=("ood",), **RUN,
+                       loader=lambda dt: (tiny_lm("mixtral", dt), tok, "tiny"),
+                       on_arm=lambda n, m: kept.append(n))
+    assert kept == [a.name for a in gate.plan_arms(**PLAN)]
+    assert [g["arms"] for g in p1["groups"]] == [[n] for n in kept] and p1["source_rerun"]["max_abs_nll"] == 0
+    assert p1["settings"]["arms_per_group"] == 1
+    for name, a in payload["arms"].items():             # same per-token numbers, so the same figures
+        b = p1["arms"][name]
+        assert b["texts"]["ood"] == a["texts"]["ood"] and b.get("vs_twin", {}).get("ood") == a.get("vs_twin", {}).get(
+            "ood"), name
+    assert p1["lottery"]["rtn/experts/W4A8"]["texts"]["ood"] == payload["lottery"]["rtn/experts/W4A8"]["texts"]["ood"]
+    with pytest.raises(ValueError, match="arms_per_group must be a positive int"):
+        gate.run_gate("tiny", gate.plan_arms(), arms_per_group=0, **RUN,
+                      loader=lambda dt: (tiny_lm("mixtral", dt), tok, "tiny"))
 
 
 def test_lottery_is_deterministic_by_seed(payload, tok):
@@ -269,15 +399,18 @@ def test_lottery_is_deterministic_by_seed(payload, tok):
 def test_tables(payload, tmp_path):
     text = gate.format_table(payload)
     head = text.splitlines()[0].split()
-    assert head[:5] == ["arm", "text", "tokens", "ppl", "Δ%"] and head[-3:] == ["KL", "top-1", "verdict"]
+    assert head[:5] == ["arm", "text", "tokens", "ppl", "Δ%"] and head[-5:] == ["KL", "[95%", "CI]", "top-1", "verdict"]
     for name, a in payload["arms"].items():
         assert any(line.startswith(name + " ") and line.rstrip().endswith(a["verdict"]["verdict"])
                    for line in text.splitlines())
-    assert "lottery of rtn/experts/W4A8 (1 dithered re-packs)" in text
+    assert "lottery of rtn/experts/W4A8 (2 dithered re-packs), ticket - RTN per text: test " in text
+    assert "  gptq/experts/W4A8 draw#2 - rtn/experts/W4A8: test " in text
     (tmp_path / "gate_tiny.json").write_text(json.dumps({"provenance": {}, **payload}))
     md = gate.render_gate_table(tmp_path)
-    assert md.splitlines()[0].startswith("| model | arm | Δ ppl test [95% CI] | Δ ppl ood [95% CI] | verdict")
-    assert len([x for x in md.splitlines() if x.startswith("| tiny |")]) == 1 + len(payload["arms"]) + 1
+    assert md.splitlines()[0].startswith("| model | arm | Δ ppl test [95% CI] | Δ ppl ood [95% CI] | verdict | KL test")
+    # the source, every arm, the rounding band, each GPTQ draw against round-to-nearest
+    assert len([x for x in md.splitlines() if x.startswith("| tiny |")]) == 1 + len(payload["arms"]) + 1 + 3
+    assert all(x.count("|") == md.splitlines()[0].count("|") for x in md.splitlines())
     with pytest.raises(FileNotFoundError, match="no gate_"):
         gate.render_gate_table(tmp_path / "empty")
 
@@ -290,7 +423,7 @@ def test_cli_runs_a_checkpoint_dir_and_prints_one_table(tmp_path, tok, capsys, m
     tiny_lm("olmoe").save_pretrained(ckpt)
     tok.save_pretrained(ckpt)
     out = tmp_path / "r.json"
-    rc = gate.main(["--model", str(ckpt), "--window", "32", "--max-docs", "10", "--subset-stride", "1", "--lottery",
+    rc = gate.main(["--model", str(ckpt), "--window", "32", "--max-docs", "10", "--lottery",
                     "1", "--boot", "200", "--parity-steps", "0", "--no-floor", "--quiet", "--texts", "ood", "--out",
                     str(out)])
     text = capsys.readouterr().out

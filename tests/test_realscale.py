@@ -3,6 +3,7 @@ the gate CLI by path on it, the realscale receipt and its extrapolation arithmet
 batched GPTQ, --max-memory, and the quantised checkpoint's format version."""
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -227,3 +228,54 @@ def test_load_quantized_refuses_an_unknown_format_version(tmp_path):
     back, _ = load_quantized(path, tiny_model("mixtral"))
     for x, y in zip(m.state_dict().values(), back.state_dict().values()):
         assert torch.equal(x, y)
+
+
+# ---------------------------------------------------------------------------------------------- the gate at scale
+
+def test_fit_depths_and_the_group_prediction():
+    from lab.realscale_gate import predict_groups
+    f = realscale.fit_depths({2: 10.0, 4: 16.0}, 16)
+    assert (f["fixed"], f["per_layer"], f["full_depth"]) == pytest.approx((4.0, 3.0, 4.0 + 16 * 3.0))
+    assert f["formula"] == "4 + 16 x 3 = 52" and "warning" not in f
+    f = realscale.fit_depths({1: 5.0, 2: 7.5, 4: 11.0}, 48)                   # least squares through three
+    assert f["per_layer"] == pytest.approx(np.polyfit([1, 2, 4], [5.0, 7.5, 11.0], 1)[0])
+    assert f["full_depth"] == pytest.approx(f["fixed"] + 48 * f["per_layer"])
+    assert realscale.fit_depths({2: 8.0}, 32)["full_depth"] == pytest.approx(128.0)
+    assert "warning" in realscale.fit_depths({1: 5.0, 2: 4.0}, 16)
+    with pytest.raises(ValueError, match="two different depths"):
+        realscale.fit_depths({2: 1.0, "2": 2.0}, 16)
+    G = 2 ** 30
+    p = predict_groups(80 * G, 13 * G, 4 * G, 15 * G, 3 * G, 16)
+    assert (p["arms_per_group"], p["groups"], p["fits"]) == (13, 2, True)      # floor(49 / 4) + 1
+    assert p["peak_bytes"] == 13 * G + max(12 * 4 * G + 15 * G, 13 * 4 * G + 3 * G) <= 80 * G
+    assert predict_groups(80 * G, 60 * G, 4 * G, 25 * G, 3 * G, 16)["fits"] is False
+    assert predict_groups(80 * G, 1 * G, 1 * G, 2 * G, 1 * G, 16)["groups"] == 1
+
+
+def test_realscale_gate_runs_the_readme_command_on_the_cpu(tmp_path):
+    from lab import realscale_gate as rg
+    out, work = tmp_path / "rsg.json", tmp_path / "w"
+    rc = rg.main(["--arch", "olmoe", "--layers", "2", "1", "--width", "tiny", "--workdir", str(work), "--out", str(out),
+                  "--gate-args=--texts ood --max-docs 1 --lottery 0 --calib-draws 1 --boot 100 --parity-steps 0 "
+                  "--calib-tokens 512 --min-rows 4"])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    a = r["archs"]["olmoe"]
+    assert r["settings"]["readme_flags"] == rg.README_FLAGS and a["full_layers"] == 16
+    assert list(a["depths"]) == ["1", "2"] and "warmup" in a["depths"]["1"] and "warmup" not in a["depths"]["2"]
+    for L, d in a["depths"].items():
+        g = d["gate"]
+        assert "--scheme rtn gptq --targets experts experts+attn" in d["command"]
+        assert g["arms"] == 4 and g["groups"] == [4] and g["s"] >= g["seconds"] > 0 and g["host_peak_bytes"] > 0
+        assert 0 < g["timing"]["forward_s"] <= g["timing"]["score_s"]
+        assert set(g["verdicts"]) == {"rtn/experts/W4A8", "rtn/experts+attn/W4A8", "gptq/experts/W4A8 draw#0",
+                                      "gptq/experts+attn/W4A8 draw#0"}
+    e = a["extrapolation"]
+    for k, f in e["fits"].items():                      # the arithmetic written in the receipt holds
+        for L, v in f["points"].items():
+            assert v == pytest.approx(f["fixed"] + int(L) * f["per_layer"], rel=1e-9, abs=1e-6), k
+        assert f["full_depth"] == pytest.approx(f["fixed"] + 16 * f["per_layer"]), k
+    assert e["fits"]["checkpoint_bytes"]["per_layer"] > 0
+    assert set(e["targets"]) >= {"gate_s", "gate_over_forwards"}
+    assert list(work.iterdir()) == []                   # each depth's directory removed, nothing else touched
+    assert rg.main(["--arch", "olmoe", "--layers", "17", "--workdir", str(work), "--out", str(out)]) == 2

@@ -14,7 +14,8 @@ import torch
 from .._checks import check_out_path
 from ..paths import RUNS
 from ..quantize import ACTS, SCHEMES, TARGETS
-from .run import DITHER, check_budget, plan_arms, run_gate
+from .run import BATCH_TOKENS, DITHER, check_budget, plan_arms, run_gate
+from .score import STAT_BYTES
 from .table import format_table
 from .texts import TEXTS
 
@@ -57,7 +58,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--texts", nargs="+", choices=TEXTS, default=list(TEXTS))
     ap.add_argument("--window", type=int, default=None,
                     help="inputs per scoring window (default: the model's trained context)")
-    ap.add_argument("--batch", type=int, default=16, help="windows per forward")
+    ap.add_argument("--batch", type=int, default=16, help="most windows per forward (windows sorted by length)")
+    ap.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS,
+                    help="most inputs per forward, b x its longest window (bounds the [tokens, V] logits held)")
+    ap.add_argument("--arms-per-group", type=int, default=None,
+                    help="arms held on the device at once, the source re-run per group (default: as many as the "
+                         "free GPU memory holds; on a CPU all)")
+    ap.add_argument("--stat-bytes", type=int, default=STAT_BYTES,
+                    help="scratch bytes of one chunk of the on-device statistics (4 float32 [tokens, V] tensors)")
     ap.add_argument("--lottery", type=int, default=4, help="dithered round-to-nearest re-packs (0: none)")
     ap.add_argument("--dither", type=float, default=DITHER, help="lottery dither amplitude, units of the scale")
     ap.add_argument("--calib-draws", type=int, default=3, help="GPTQ packs, each on its own calibration draw")
@@ -68,8 +76,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--damp", type=float, default=0.01, help="GPTQ dampening, fraction of mean diag(H)")
     ap.add_argument("--boot", type=int, default=2000, help="bootstrap resamples")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    ap.add_argument("--subset-stride", type=int, default=4,
-                    help="lottery tickets and calibration draws after the first score every n-th document")
     ap.add_argument("--floor-stride", type=int, default=16, help="the precision floor scores every n-th document")
     ap.add_argument("--max-docs", type=int, default=None, help="first n documents per text only (quick runs)")
     ap.add_argument("--no-floor", action="store_true", help="skip the bf16-vs-fp32 precision floor")
@@ -88,6 +94,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=None,
                     help="receipt path (default runs/gate_<model>.json; data/receipts/ only when named here)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--log", action="store_true",
+                    help="one line per phase on stderr (source loaded, each arm built, each group scored, floor)")
     return ap
 
 
@@ -99,11 +107,11 @@ def main(argv=None) -> int:
         name, context = model_name_and_context(args.model)
         arms = plan_arms(args.scheme, args.targets, args.act, args.lottery, args.calib_draws, args.dither)
         check_settings(window=args.window, max_docs=args.max_docs, budget=args.budget, batch=args.batch,
-                       threads=args.threads, subset_stride=args.subset_stride, floor_stride=args.floor_stride,
+                       threads=args.threads, floor_stride=args.floor_stride,
                        n_boot=args.boot, parity_steps=args.parity_steps, limit=args.limit,
                        calib_tokens=args.calib_tokens, calib_len=args.calib_len or args.window or context,
                        min_rows=args.min_rows, damp=args.damp, dither=args.dither,
-                       trained_context=context, texts=args.texts, arms=arms, device=args.device)
+                       trained_context=context, texts=args.texts, device=args.device)
         path = check_out_path(args.out if args.out else receipt_path(name))
         from .models import parse_max_memory
         max_memory = parse_max_memory(args.max_memory)
@@ -122,9 +130,11 @@ def main(argv=None) -> int:
                            floor=not args.no_floor, calib_tokens=args.calib_tokens, calib_len=args.calib_len,
                            min_rows=args.min_rows, damp=args.damp, n_boot=args.boot, seed=args.seed,
                            parity_steps=args.parity_steps, max_docs=args.max_docs,
-                           subset_stride=args.subset_stride, floor_stride=args.floor_stride, tasks=args.tasks,
+                           batch_tokens=args.batch_tokens, arms_per_group=args.arms_per_group,
+                           stat_bytes=args.stat_bytes, floor_stride=args.floor_stride, tasks=args.tasks,
                            limit=args.limit,
-                           progress=not args.quiet)
+                           progress=not args.quiet,
+                           log=(lambda m: print(m, file=sys.stderr, flush=True)) if args.log else None)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -65,4 +65,15 @@ def lmeval_gate(models: dict, tok, tasks, limit, max_length: int, n_boot: int, s
     return out
 
 
-
+def merge_lmeval(old: dict | None, new: dict) -> dict:
+    """Two `lmeval_gate` results over different arm groups: the arms and metrics of both, the source's
+    figures from the first (the source runs with every group)."""
+    if old is None:
+        return new
+    for task, e in new.items():
+        if task not in old:
+            old[task] = e
+            continue
+        old[task]["arms"].update(e["arms"])
+        old[task]["metrics"].update({k: v for k, v in e["metrics"].items() if k != "source"})
+    return old

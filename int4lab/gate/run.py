@@ -1,63 +1,31 @@
-"""One gate run: quantise every arm, score every text once, attach CIs, the lottery and the verdicts.
+"""One gate run: quantise every arm, score every arm on every document, attach CIs, the lottery and the verdicts.
 
-An arm is a quantised copy of the source: round-to-nearest (`rtn/...`), a dithered round-to-nearest re-pack
-(`rtn/... lottery#s`, the rounding lottery) or a GPTQ pack from calibration draw s (`gptq/... draw#s`).
+The arms (`arms.py`) are built and scored in groups that fit the device; the source is scored with every
+group, and its per-token figures from the first group are the reference (later groups' source runs are
+checked against them: `source_rerun` in the receipt). The payload's figures are built from per-token
+arrays on the host by `compare.py`.
 """
 from __future__ import annotations
 
 import contextlib
 import io
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 import torch
 
-from ..quantize import Scheme, model_arch, quantize_model
+from ..quantize import input_device, model_arch, quantize_model
 from . import stats
-from .score import restrict, score_models
+from .arms import DITHER, Arm, GroupSizer, copy_source, free_memory, logits_bytes, model_bytes, plan_arms
+from .compare import assemble
+from .score import STAT_BYTES, ScoreTiming, score_models
 from .settings import check_settings
-from .texts import IN_DOMAIN, TEXTS, Windows, calibration_ids, documents, split_ids, trained_context
+from .texts import TEXTS, Windows, calibration_ids, documents, split_ids, trained_context
 
-DITHER = 0.1               # the lottery's dither amplitude, in units of the block scale
+BATCH_TOKENS = 8192        # default bound on b x longest window per forward
 
-
-@dataclass(frozen=True)
-class Arm:
-    scheme: Scheme
-    dither: float = 0.0     # > 0: a lottery ticket (dithered round-to-nearest)
-    seed: int = 0           # the dither's seed, or the calibration draw's
-
-    @property
-    def kind(self) -> str:
-        return "gptq" if self.scheme.scheme == "gptq" else "lottery" if self.dither else "rtn"
-
-    @property
-    def name(self) -> str:
-        return self.scheme.name + {"gptq": f" draw#{self.seed}", "lottery": f" lottery#{self.seed}",
-                                   "rtn": ""}[self.kind]
-
-    @property
-    def twin(self) -> str:
-        """The round-to-nearest arm this one is compared with (itself for round-to-nearest)."""
-        return Scheme("rtn", self.scheme.targets, self.scheme.act).name
-
-
-def plan_arms(schemes=("rtn",), targets=("experts",), acts=("int8",), lottery: int = 4,
-              calib_draws: int = 3, dither: float = DITHER) -> list[Arm]:
-    """For each (targets, act): round-to-nearest, `lottery` dithered re-packs, and `calib_draws` GPTQ packs
-    when "gptq" is among schemes (each calibrated on its own draw of the train split)."""
-    for name, v, lo in (("lottery", lottery, 0), ("calib_draws", calib_draws, 1)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-            raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-    out = []
-    for tg in targets:
-        for a in acts:
-            out.append(Arm(Scheme("rtn", tg, a)))
-            out += [Arm(Scheme("rtn", tg, a), dither, s) for s in range(1, lottery + 1)]
-            if "gptq" in schemes:
-                out += [Arm(Scheme("gptq", tg, a), 0.0, s) for s in range(calib_draws)]
-    return out
+__all__ = ["BATCH_TOKENS", "DITHER", "Arm", "check_budget", "plan_arms", "quiet", "run_gate"]
 
 
 @contextlib.contextmanager
@@ -78,28 +46,41 @@ def check_budget(budget) -> float:
 
 def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.float32, device: str = "cpu",
              device_map: str | None = None, max_memory: dict | None = None, texts=TEXTS,
-             window: int | None = None, batch: int = 16,
-             floor: bool = True, subset_stride: int = 4, floor_stride: int = 16, calib_tokens: int = 16384,
+             window: int | None = None, batch: int = 16, batch_tokens: int | None = BATCH_TOKENS,
+             arms_per_group: int | None = None, stat_bytes: int = STAT_BYTES,
+             floor: bool = True, floor_stride: int = 16, calib_tokens: int = 16384,
              calib_len: int | None = None, min_rows: int | None = None, damp: float = 0.01,
              calib_split: str = "train", n_boot: int = stats.N_BOOT, seed: int = 0, parity_steps: int = 4,
              max_docs: int | None = None, tasks=(), limit: int | None = None, progress: bool = True,
-             loader=None) -> dict:
+             loader=None, on_arm=None, log=None) -> dict:
     """Score the source, the precision floor and every arm on every document of `texts`; the receipt payload.
 
-    window: inputs per scoring window (default: the model's trained context). floor: also score the source
-    in the other precision (bf16 for an fp32 source, else fp32) on every floor_stride-th document; reported,
-    never used as a threshold. subset_stride: the lottery tickets and the calibration draws after the first
-    score every subset_stride-th document (1: all), and gains / the lottery spread are measured there.
+    Every arm scores every document, so every comparison between arms is paired on the same tokens.
+    window: inputs per scoring window (default: the model's trained context); a document shorter than it is
+    one window of its own length. batch / batch_tokens: at most `batch` windows per forward and at most
+    batch_tokens inputs (b x its longest window; windows are sorted by length, so padding is small:
+    `texts[t]["padding"]`). stat_bytes: scratch of one chunk of the on-device statistics (`score.py`).
+    arms_per_group: arms held on the device at once (None: as many as the free GPU memory allows; on a CPU
+    all of them); the source is re-run per group. floor: also score the source in the other precision
+    (bf16 for an fp32 source, else fp32) on every floor_stride-th document; reported, never a threshold.
     calib_tokens / calib_len: GPTQ calibration set per draw (calib_len default: window), from calib_split.
     parity_steps > 0: the decode instrument's kernel-parity check on the first arm, over that many steps.
     max_docs: score only the first max_docs documents of each text (quick runs; None = all).
     tasks: lm-eval tasks to score as well (token-level perplexity from per-document log-likelihoods).
-    device_map / max_memory: accelerate placement for checkpoint directories (see `load_model`).
-    loader(dtype) -> (model, tokenizer, name) overrides `load_model` (tests).
+    device_map / max_memory: accelerate placement for checkpoint directories (see `load_model`); arms are then
+    loaded from disk, otherwise copied from the source on its device.
+    loader(dtype) -> (model, tokenizer, name) overrides `load_model` (tests). on_arm(name, model): called
+    with each arm once quantised (holding it keeps its memory). log(str): one line per phase.
+
+    The payload: per text the source perplexity and padding; per arm its relative perplexity change against
+    the source with a paired bootstrap CI over documents, KL and top-1 with CIs, the verdict (`stats.verdict`)
+    and, for tickets and GPTQ draws, the paired change against the round-to-nearest twin (`vs_twin`); the
+    rounding band per text (`lottery`), the calibration judgement (`calibration`, rule `stats.CALIBRATION_RULE`),
+    the groups, and `timing` (build, forwards, scoring, bootstrap; `score_over_forwards` = scoring wall time
+    over the time inside its forwards).
     """
-    check_settings(window=window, max_docs=max_docs, budget=budget, batch=batch, subset_stride=subset_stride,
-                   floor_stride=floor_stride, n_boot=n_boot, parity_steps=parity_steps, limit=limit, texts=texts,
-                   arms=arms)
+    check_settings(window=window, max_docs=max_docs, budget=budget, batch=batch, floor_stride=floor_stride,
+                   n_boot=n_boot, parity_steps=parity_steps, limit=limit, texts=texts)
     budget = check_budget(budget)
     if not arms:
         raise ValueError("arms must name at least one quantised arm")
@@ -109,9 +90,11 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     for t in texts:
         if t not in TEXTS:
             raise ValueError(f"texts must be among {TEXTS}, got {t!r}")
+    GroupSizer(arms_per_group, "cpu", 0)                     # its checks, before anything is loaded
     from .models import check_max_memory, load_model
     check_max_memory(max_memory, device_map)
     _load = loader or (lambda dt: load_model(model, dt, device, device_map, max_memory))
+    say = log or (lambda msg: None)
 
     def load(dt):
         with quiet():
@@ -119,111 +102,151 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
 
     t0 = time.time()
     src, tok, name = load(dtype)
+    load_source_s = time.time() - t0
     arch = model_arch(src)
     L = window or trained_context(name, src.config)
     wins = {t: Windows(tok, documents(t)[:max_docs], L) for t in texts}
-    subs = {t: w.subset(subset_stride) for t, w in wins.items()}
-    floors = {t: w.subset(floor_stride) for t, w in wins.items()}
-    # The verdict arms (round-to-nearest, the first calibration draw) score every document; the lottery and
-    # the further calibration draws score every subset_stride-th one, as does each comparison among them.
-    full = [a for a in arms if a.kind == "rtn" or (a.kind == "gptq" and a.seed == min(
-        b.seed for b in arms if b.kind == "gptq" and b.scheme == a.scheme))]
-    sub = [a for a in arms if a not in full]
-    nb = {k: sum((len(w) + batch - 1) // batch for w in ws.values()) for k, ws in
-          (("full", wins), ("sub", subs), ("floor", floors))}
-    total = len(arms) + nb["full"] * (1 + len(full)) + (nb["sub"] * (1 + len(sub)) if sub else 0) + \
-        (2 * nb["floor"] if floor else 0)
-    bar = _bar(progress, total, f"gate {name}")
+    nb = sum(len(w.batches(batch, batch_tokens)) for w in wins.values())
+    vocab = src.get_output_embeddings().weight.shape[0]
+    dev = input_device(src)
+    if torch.cuda.is_available() and (device_map is not None or dev.type == "cuda"):
+        dev = torch.device("cuda", torch.cuda.current_device() if dev.type != "cuda" else dev.index or 0)
+    sizer = GroupSizer(arms_per_group, dev, logits_bytes(min(batch_tokens or batch * L, batch * L), vocab,
+                                                         torch.empty(0, dtype=dtype).element_size()))
+    bar = _bar(progress, len(arms), f"gate {name}")
+    say(f"source {name} loaded in {load_source_s:.1f} s; {sum(w.tokens for w in wins.values())} tokens in "
+        f"{nb} forwards per model; window {L}")
 
-    info, models = {}, {}
     train = split_ids(tok, calib_split) if any(a.kind == "gptq" for a in arms) else None
-    for a in arms:
+    info, per, groups, timing = {}, {t: {} for t in texts}, [], ScoreTiming()
+    rerun = []
+    parity = lm = None
+    secs = {"build_s": 0.0, "parity_s": 0.0, "lmeval_s": 0.0}
+
+    def build(a: Arm):
         ta = time.time()
-        m = load(dtype)[0]
+        sizer.start_build()
+        m = copy_source(src) if device_map is None else load(dtype)[0]
         load_s = time.time() - ta
         calib = None
         if a.kind == "gptq":
             calib = calibration_ids(tok, calib_tokens, calib_len or L, seed=a.seed, stream=train)
         m, rep = quantize_model(m, a.scheme.scheme, a.scheme.targets, a.scheme.act, calib_ids=calib,
                                 min_rows=min_rows, damp=damp, dither=a.dither, dither_seed=a.seed, progress=False)
-        models[a.name] = m
+        quantise_s = time.time() - ta - load_s
         info[a.name] = {"kind": a.kind, "scheme": asdict(a.scheme), "dither": a.dither, "seed": a.seed,
-                        "twin": a.twin, "scored": "every document" if a in full or subset_stride == 1 else
-                        f"every {subset_stride}th document", "quant_report": rep.to_dict(),
-                        "load_s": load_s, "quantise_s": time.time() - ta - load_s}
+                        "twin": a.twin, "scored": "every document", "quant_report": rep.to_dict(),
+                        "copy" if device_map is None else "load": "deepcopy of the source" if device_map is None
+                        else "from disk (device_map)", "load_s": load_s, "quantise_s": quantise_s,
+                        "group": len(groups), "bytes": model_bytes(m), **sizer.end_build()}
+        secs["build_s"] += time.time() - ta
+        if on_arm is not None:
+            on_arm(a.name, m)
         bar.update()
+        say(f"built {a.name} in {time.time() - ta:.1f} s (quantise {quantise_s:.1f} s)")
+        return m
 
-    per_full = {t: score_models({"source": src, **{a.name: models[a.name] for a in full}}, w, batch, bar.update)
-                for t, w in wins.items()}
-    per_sub = {t: score_models({"source": src, **{a.name: models[a.name] for a in sub}}, w, batch, bar.update)
-               for t, w in subs.items()} if sub else {}
-    per_floor = {}
+    def score_group(held: dict, why: str):
+        nonlocal parity, lm
+        g = len(groups)
+        groups.append({"arms": list(held), "closed": why})
+        bar.total += nb * (1 + len(held))
+        bar.refresh()
+        before = sizer.peaks.reset() if sizer.cuda else None
+        ts = time.time()
+        for t, w in wins.items():
+            got = score_models({"source": src, **held}, w, batch, bar.update, batch_tokens=batch_tokens,
+                               stat_bytes=stat_bytes, timing=timing)
+            if "source" in per[t]:
+                rerun.append(float(np.abs(got["source"].nll - per[t]["source"].nll).max()))
+            else:
+                per[t]["source"] = got["source"]
+            for n in held:
+                per[t][n] = got[n]
+        groups[-1]["score_s"] = time.time() - ts
+        if before is not None:
+            groups[-1]["gpu_score_peak_bytes"] = sizer.peaks.since(before)
+            sizer.scored(groups[-1]["gpu_score_peak_bytes"])
+        say(f"group {g}: {len(held)} arms scored in {groups[-1]['score_s']:.1f} s ({why})")
+        if parity_steps and parity is None:
+            tp = time.time()
+            parity = _parity(held[arms[0].name], tok, parity_steps)
+            secs["parity_s"] += time.time() - tp
+        if tasks:
+            from .lmeval import lmeval_gate, merge_lmeval
+            tl = time.time()
+            with quiet():
+                lm = merge_lmeval(lm, lmeval_gate({"source": src, **held}, tok, tasks, limit, L, n_boot, seed,
+                                                  budget))
+            secs["lmeval_s"] += time.time() - tl
+
+    held = {}
+    for a in arms:
+        held[a.name] = build(a)
+        close, why = sizer.full(len(held))
+        if close and a is not arms[-1]:
+            score_group(held, why)
+            held = {}
+            free_memory()
+    score_group(held, "last arms")
+    held = {}
+    free_memory()
+
+    per_floor, floor_s = {}, 0.0
     if floor:
+        tf = time.time()
         fdt = torch.bfloat16 if dtype == torch.float32 else torch.float32
         fm = load(fdt)[0]
-        per_floor = {t: score_models({"source": src, "floor": fm}, w, batch, bar.update) for t, w in floors.items()}
+        subs = {t: w.subset(floor_stride) for t, w in wins.items()}
+        bar.total += 2 * sum(len(w.batches(batch, batch_tokens)) for w in subs.values())
+        per_floor = {t: score_models({"source": src, "floor": fm}, w, batch, bar.update, batch_tokens=batch_tokens,
+                                     stat_bytes=stat_bytes) for t, w in subs.items()}
         del fm
+        free_memory()
+        floor_s = time.time() - tf
+        say(f"floor scored in {floor_s:.1f} s")
     bar.close()
-    sub_names = {a.name for a in sub}
-    sub_docs = {t: np.unique(w.doc.numpy()) for t, w in subs.items()}
 
-    def get(n, t, on_sub):
-        if not on_sub:
-            return per_full[t][n]
-        return per_sub[t][n] if n in per_sub.get(t, {}) else restrict(per_full[t][n], sub_docs[t])
-
-    def compare(a, ref, t, per=None):
-        on_sub = a in sub_names or ref in sub_names or a.startswith("lottery-base:")
-        a = a.removeprefix("lottery-base:")
-        if per is not None:
-            x, r, s = per[a], per[ref], per["source"]
-        else:
-            x, r, s = get(a, t, on_sub), get(ref, t, on_sub), get("source", t, on_sub)
-        ci = stats.paired_ci(x.nll, r.nll, s.doc, kl=x.kl, top1=x.top1, n_boot=n_boot, seed=seed)
-        ci["ppl"] = x.ppl
-        return ci
-
-    out_texts = {t: {"docs": w.docs, "windows": len(w), "tokens": w.tokens, "tokens_sha": w.sha,
-                     "domain": "in" if t in IN_DOMAIN else "out", "source_ppl": per_full[t]["source"].ppl,
-                     "subset_docs": subs[t].docs, "subset_tokens": subs[t].tokens}
-                 for t, w in wins.items()}
-    payload_arms = {}
-    for a in arms:
-        d = info[a.name]
-        d["texts"] = {t: compare(a.name, "source", t) for t in texts}
-        d["verdict"] = stats.verdict(d["texts"], budget)
-        if a.kind != "rtn" and a.twin in models:
-            # against the twin on the lottery's documents, so gains and the lottery spread share their tokens
-            d["vs_twin"] = {t: compare("lottery-base:" + a.name, a.twin, t)["rel"] for t in texts}
-        payload_arms[a.name] = d
-    payload = {"model": name, "arch": arch, "source": model, "dtype": _dt(dtype), "device": device,
-               "device_map": device_map, "max_memory": _jsonable(max_memory), "budget": budget,
-               "settings": {"window": L, "batch": batch, "n_boot": n_boot, "level": stats.LEVEL, "seed": seed,
-                            "bootstrap_unit": "document", "texts": list(texts), "calib_tokens": calib_tokens,
-                            "calib_len": calib_len or L, "calib_split": calib_split,
-                            "min_rows": min_rows if min_rows else "K (max(H, I))",
-                            "min_rows_fallback": "round-to-nearest", "damp": damp,
-                            "dither": sorted({a.dither for a in arms if a.dither}),
-                            "threads": torch.get_num_threads(),
-                            "subset_stride": subset_stride, "floor_stride": floor_stride, "max_docs": max_docs},
-               "texts": out_texts, "arms": payload_arms}
+    tb = time.time()
+    payload = assemble(arms, info, per, per_floor, wins, budget, n_boot, seed)
+    bootstrap_s = time.time() - tb
+    padding = {t: w.padding(w.batches(batch, batch_tokens)) for t, w in wins.items()}
+    for t, w in wins.items():
+        payload["texts"][t]["padding"] = padding[t]
+    seconds = time.time() - t0
+    calib_fw = sum(sum(r.get("calib_s", 0) + r.get("propagate_s", 0) for r in d["quant_report"].get("timing", []))
+                   + (d["quant_report"].get("capture_s") or 0) for d in info.values())
+    fw = timing.forward_s + calib_fw
+    payload.update({
+        "model": name, "arch": arch, "source": model, "dtype": _dt(dtype), "device": device,
+        "device_map": device_map, "max_memory": _jsonable(max_memory), "budget": budget,
+        "settings": {"window": L, "batch": batch, "batch_tokens": batch_tokens, "stat_bytes": stat_bytes,
+                     "arms_per_group": arms_per_group or "auto", "group_rule": sizer.rule,
+                     "n_boot": n_boot, "level": stats.LEVEL, "seed": seed, "bootstrap_unit": "document",
+                     "scored": "every arm on every document", "texts": list(texts),
+                     "calib_tokens": calib_tokens, "calib_len": calib_len or L, "calib_split": calib_split,
+                     "min_rows": min_rows if min_rows else "K (max(H, I))",
+                     "min_rows_fallback": "round-to-nearest", "damp": damp,
+                     "dither": sorted({a.dither for a in arms if a.dither}), "threads": torch.get_num_threads(),
+                     "floor_stride": floor_stride, "max_docs": max_docs},
+        "groups": groups, "source_bytes": model_bytes(src), "gpu_peak_bytes": sizer.peaks.total(),
+        "source_rerun": {"groups": len(groups), "max_abs_nll": max(rerun) if rerun else 0.0,
+                         "note": "the source's per-token nll in later groups against the first group's"},
+        "timing": {"load_source_s": load_source_s, **secs, "floor_s": floor_s, "bootstrap_s": bootstrap_s,
+                   **timing.to_dict(), "calibration_forward_s": calib_fw,
+                   "score_over_forwards": timing.score_s / timing.forward_s if timing.forward_s else None,
+                   "gate_over_forwards": seconds / fw if fw else None,
+                   "note": "score_s: the scoring loops' wall time; forward_s: inside their model forwards "
+                           "(synchronised); calibration_forward_s: GPTQ's calibration and propagation forwards; "
+                           "gate_over_forwards = seconds / (forward_s + calibration_forward_s)"}})
     if floor:
-        payload["floor"] = {"dtype": _dt(torch.bfloat16 if dtype == torch.float32 else torch.float32),
-                            "scored": f"every {floor_stride}th document",
-                            "note": "same weights in the other precision: arithmetic, not sampling; reported only",
-                            "texts": {t: compare("floor", "source", t, per_floor[t]) for t in texts}}
-    payload["lottery"] = _lottery(arms, payload_arms, texts, {
-        a.name: {t: compare("lottery-base:" + a.name, "source", t)["rel"]["value"] for t in texts}
-        for a in arms if a.kind == "rtn"})
-    payload["calibration"] = _calibration(arms, payload_arms, payload["lottery"])
-    if parity_steps:
-        payload["parity"] = _parity(models[arms[0].name], tok, parity_steps)
-    if tasks:
-        from .lmeval import lmeval_gate
-        with quiet():
-            payload["lmeval"] = lmeval_gate({"source": src, **models}, tok, tasks, limit,
-                                            L, n_boot, seed, budget)
-    payload["seconds"] = time.time() - t0
+        payload["floor"]["dtype"] = _dt(torch.bfloat16 if dtype == torch.float32 else torch.float32)
+        payload["floor"]["scored"] = f"every {floor_stride}th document"
+    if parity is not None:
+        payload["parity"] = parity
+    if lm is not None:
+        payload["lmeval"] = lm
+    payload["seconds"] = seconds
     return payload
 
 
@@ -238,40 +261,6 @@ def _dt(dtype) -> str:
 def _bar(on, total, desc):
     from tqdm.auto import tqdm
     return tqdm(total=total, desc=desc, disable=not on)
-
-
-def _lottery(arms, payload_arms, texts, base_sub) -> dict:
-    """Per round-to-nearest arm with dithered re-packs: each draw's relative change and the spread, all on
-    the lottery's documents (base_sub: the round-to-nearest arms' changes restricted to them)."""
-    out = {}
-    for base in [a for a in arms if a.kind == "rtn"]:
-        draws = [a.name for a in arms if a.kind == "lottery" and a.twin == base.name]
-        if not draws:
-            continue
-        per_text = {}
-        for t in texts:
-            rels = [base_sub[base.name][t]] + [payload_arms[n]["texts"][t]["rel"]["value"] for n in draws]
-            per_text[t] = {"rel": rels, "spread": stats.lottery_spread(rels)}
-        out[base.name] = {"draws": draws, "dither": payload_arms[draws[0]]["dither"], "texts": per_text}
-    return out
-
-
-def _calibration(arms, payload_arms, lottery) -> dict:
-    """Per calibrated scheme: each draw's gain over its round-to-nearest twin and the judgement."""
-    out = {}
-    for sname in dict.fromkeys(a.scheme.name for a in arms if a.kind == "gptq"):
-        draws = [a for a in arms if a.kind == "gptq" and a.scheme.name == sname]
-        twin = draws[0].twin
-        entry = {"draws": [a.name for a in draws], "twin": twin,
-                 "gains": [payload_arms[a.name].get("vs_twin") for a in draws]}
-        if twin in lottery and len(draws) >= 3 and all(entry["gains"]):
-            spread = {t: v["spread"] for t, v in lottery[twin]["texts"].items()}
-            entry["judgement"] = stats.calibration_judgement(entry["gains"], spread)
-        else:
-            entry["judgement"] = {"verdict": "NOT JUDGED",
-                                  "reasons": ["needs >= 3 calibration draws and the round-to-nearest twin's lottery"]}
-        out[sname] = entry
-    return out
 
 
 def _parity(model, tok, steps) -> dict:

@@ -7,9 +7,8 @@ document every resample is that document, the interval has zero width, and PASS 
 one number ("[+0.38 %, +0.38 %] PASS"). Over n documents the percentile interval is too narrow by about
 sqrt((n - 1) / n) and has only C(2n - 1, n) distinct resamples: 3 at n = 2, 126 at n = 5. At n = 10 it is
 about 5 % too narrow with 92,378 distinct resamples, which is the least we accept; the committed texts hold
-88 (test) and 71 (ood). The rule counts the documents every arm scores (the first max_docs of each text)
-and those the lottery tickets and later calibration draws score (every subset_stride-th of them), since
-their verdicts and the lottery spread are measured there. We refuse rather than answer UNDECIDED: a run
+88 (test) and 71 (ood). The rule counts the documents every arm scores (the first max_docs of each text).
+We refuse rather than answer UNDECIDED: a run
 that cannot decide by construction is a settings mistake, and it is cheaper to say so before the models load.
 """
 from __future__ import annotations
@@ -29,26 +28,19 @@ def _need(ok: bool, name: str, flag: str, rule: str, v) -> None:
         raise ValueError(f"{flag}: {name} must be {rule}, got {v!r}")
 
 
-def documents_per_text(texts, max_docs: int | None = None, subset_stride: int = 1) -> dict:
-    """{text: (documents scored by every arm, documents of the every-subset_stride-th subset)}."""
+def documents_per_text(texts, max_docs: int | None = None) -> dict:
+    """{text: documents every arm scores (the first max_docs, or all)}."""
     from .texts import documents
-    out = {}
-    for t in texts:
-        n = len(documents(t))
-        n = n if max_docs is None else min(n, max_docs)
-        out[t] = (n, math.ceil(n / subset_stride))
-    return out
+    return {t: len(documents(t)) if max_docs is None else min(len(documents(t)), max_docs) for t in texts}
 
 
-def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threads=None, subset_stride=None,
-                   floor_stride=None, n_boot=None, parity_steps=None, limit=None, calib_tokens=None,
-                   calib_len=None, min_rows=None, damp=None, dither=None, trained_context=None, texts=None,
-                   arms=None, device=None) -> None:
+def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threads=None, floor_stride=None,
+                   n_boot=None, parity_steps=None, limit=None, calib_tokens=None, calib_len=None, min_rows=None,
+                   damp=None, dither=None, trained_context=None, texts=None, device=None) -> None:
     """Refuse degenerate gate settings before any work (module doc). An argument left None is not checked
     (its default applies). trained_context: the model's (texts.trained_context), the largest window.
-    texts: the texts to score; with them, every text must keep MIN_DOCS documents after max_docs and, when
-    an arm is scored on the subset (`arms` holds a lottery ticket or a second calibration draw; None: assume
-    one is), in the subset_stride subset (reads the corpus, not the model)."""
+    texts: the texts to score; with them, every text must keep MIN_DOCS documents after max_docs (reads the
+    corpus, not the model)."""
     if budget is not None:
         _need(isinstance(budget, (int, float)) and not isinstance(budget, bool) and math.isfinite(budget)
               and 0 < budget < 1, "budget", "--budget",
@@ -65,7 +57,6 @@ def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threa
               f"None (every document) or an int >= {MIN_DOCS}: a bootstrap over fewer documents cannot give "
               "a verdict (int4lab.gate.settings)", max_docs)
     for name, flag, v, lo in (("batch", "--batch", batch, 1), ("threads", "--threads", threads, 1),
-                              ("subset_stride", "--subset-stride", subset_stride, 1),
                               ("floor_stride", "--floor-stride", floor_stride, 1),
                               ("n_boot", "--boot", n_boot, MIN_BOOT),
                               ("parity_steps", "--parity-steps", parity_steps, 0),
@@ -89,23 +80,10 @@ def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threa
         for t in texts:
             if t not in TEXTS:
                 raise ValueError(f"--texts: texts must be among {TEXTS}, got {t!r}")
-        stride = subset_stride or 1
-        for t, (n, sub) in documents_per_text(texts, max_docs, stride).items():
+        for t, n in documents_per_text(texts, max_docs).items():
             if n < MIN_DOCS:
                 raise ValueError(f"--texts: text {t!r} has {n} documents, fewer than the {MIN_DOCS} a verdict "
                                  "needs (int4lab.gate.settings)")
-            _need(sub >= MIN_DOCS or (arms is not None and not subset_arms(arms)), "subset_stride", "--subset-stride",
-                  f"small enough that 1 in {stride} documents of text {t!r} still gives {MIN_DOCS} documents "
-                  f"(it gives {sub} of {n}; the lottery and later calibration draws are judged there)", stride)
-
-
-def subset_arms(arms) -> list:
-    """The arms run_gate scores on the subset: lottery tickets and every calibration draw after a scheme's first."""
-    first = {}
-    for a in arms:
-        if a.kind == "gptq":
-            first[a.scheme] = min(first.get(a.scheme, a.seed), a.seed)
-    return [a for a in arms if a.kind == "lottery" or (a.kind == "gptq" and a.seed != first[a.scheme])]
 
 
 def check_device(device) -> None:

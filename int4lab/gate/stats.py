@@ -10,6 +10,10 @@ correlated (same speaker, same chapter), and resampling tokens would make the in
 Figures (arm a against reference r, over the tokens of one text):
     rel    = exp(mean(nll_a - nll_r)) - 1 = ppl_a / ppl_r - 1     (relative perplexity change)
     kl     = mean KL(source ‖ a);  kl_p99 = its 99th percentile;  top1 = mean agreement of arg-max tokens
+
+The gate is one-sided in rel (an arm may not lose more than the budget); an arm whose CI lies wholly below
+zero scores better than its source on that text, which says it moved, not that it is better: KL(source ‖ a)
+with its CI, reported beside every verdict, is how far it moved either way.
 """
 from __future__ import annotations
 
@@ -79,14 +83,26 @@ def paired_ci(x: np.ndarray, y: np.ndarray, doc: np.ndarray, *, kl=None, top1=No
 
 
 def _weighted_p99(v: np.ndarray, d: np.ndarray, C: np.ndarray) -> np.ndarray:
-    """The 99th percentile of v on each resample (a token counts as often as its document was drawn)."""
+    """The 99th percentile of v on each resample (a token counts as often as its document was drawn): the
+    first token, in sorted order, at which the resample's cumulative weight reaches 0.99 of its total.
+
+    One bisection over sorted positions for all resamples at once: the weight up to position i is
+    Σ_d C[b, d] · (tokens of document d among the first i + 1), counted by a search in each document's
+    sorted positions, so memory stays O(T + Bs·D)."""
     order = np.argsort(v, kind="stable")
     vs, ds = v[order], d[order]
-    out = np.empty(C.shape[0])
-    for i, c in enumerate(C):
-        w = np.cumsum(c[ds])
-        out[i] = vs[min(np.searchsorted(w, 0.99 * w[-1]), len(vs) - 1)]
-    return out
+    D = C.shape[1]
+    by_doc = np.argsort(ds, kind="stable")                       # sorted positions, grouped by document
+    pos = np.split(by_doc, np.cumsum(np.bincount(ds, minlength=D))[:-1])
+    target = 0.99 * (C @ np.bincount(ds, minlength=D).astype(np.float64))
+    lo = np.zeros(C.shape[0], dtype=np.int64)
+    hi = np.full(C.shape[0], len(vs) - 1, dtype=np.int64)
+    while (lo < hi).any():
+        mid = (lo + hi) // 2
+        w = sum(C[:, k] * np.searchsorted(pos[k], mid, side="right") for k in range(D) if C[:, k].any())
+        ge = w >= target
+        hi, lo = np.where(ge, mid, hi), np.where(ge, lo, mid + 1)
+    return vs[lo]
 
 
 def tokens_to_decide(ci: dict, tokens: int, budget: float) -> int | None:
@@ -107,7 +123,8 @@ def verdict(cis: dict, budget: float) -> dict:
     PASS      the CI's upper bound is under the budget on every text;
     FAIL      some text's lower bound is over the budget;
     UNDECIDED otherwise; tokens_needed[text] estimates how many scored tokens would decide each open text.
-    Returns {"verdict", "reasons": [...], "tokens_needed": {text: int}}.
+    Returns {"verdict", "reasons": [...], "tokens_needed": {text: int}, "below_source": [texts whose CI
+    lies wholly below zero: the arm scored better than its source there; see KL for how far it moved]}.
     """
     if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not budget > 0:
         raise ValueError(f"budget must be a positive relative change (0.01 = 1%), got {budget!r}")
@@ -117,53 +134,89 @@ def verdict(cis: dict, budget: float) -> dict:
         r = c["rel"]
         if not all(math.isfinite(r[k]) for k in ("value", "lo", "hi")) or not r["lo"] <= r["value"] <= r["hi"]:
             raise ValueError(f"cis[{t!r}]['rel'] must be finite with lo <= value <= hi, got {r!r}")
+    below = [t for t, c in cis.items() if c["rel"]["hi"] < 0]
     fail = {t: c["rel"] for t, c in cis.items() if c["rel"]["lo"] > budget}
     if fail:
-        return {"verdict": "FAIL", "tokens_needed": {},
+        return {"verdict": "FAIL", "tokens_needed": {}, "below_source": below,
                 "reasons": [f"{t}: {r['value']:+.3%} [{r['lo']:+.3%}, {r['hi']:+.3%}], all of it past the budget "
                             f"{budget:.2%}" for t, r in fail.items()]}
     open_ = {t: c for t, c in cis.items() if c["rel"]["hi"] >= budget}
     if not open_:
         worst = max(cis, key=lambda t: cis[t]["rel"]["hi"])
-        return {"verdict": "PASS", "tokens_needed": {},
+        return {"verdict": "PASS", "tokens_needed": {}, "below_source": below,
                 "reasons": [f"every text's 95% CI is under the budget {budget:.2%} (highest upper bound: {worst} "
                             f"{cis[worst]['rel']['hi']:+.3%})"]}
     need = {t: tokens_to_decide(c["rel"], c["tokens"], budget) for t, c in open_.items()}
-    return {"verdict": "UNDECIDED", "tokens_needed": need,
+    return {"verdict": "UNDECIDED", "tokens_needed": need, "below_source": below,
             "reasons": [f"{t}: {c['rel']['value']:+.3%} [{c['rel']['lo']:+.3%}, {c['rel']['hi']:+.3%}] straddles the "
                         f"budget {budget:.2%}; about {need[t] or 'an unbounded number of'} tokens would decide it"
                         for t, c in open_.items()]}
 
 
-def lottery_spread(rels: list[float]) -> float:
-    """Range (max - min) of the relative changes of round-to-nearest and its dithered re-packs on one text:
-    how far perplexity moves under roundings that are equally good by construction."""
-    if len(rels) < 2:
-        raise ValueError(f"the lottery needs at least two packs (round-to-nearest and a dithered one), got {len(rels)}")
-    return float(max(rels) - min(rels))
+MIN_DRAWS = 3           # calibration is judged over at least this many calibration draws
+MIN_TICKETS = 2         # and against the rounding band of at least this many lottery tickets
+ROUNDING_Q = 0.05       # the rounding band: quantiles ROUNDING_Q and 1 - ROUNDING_Q of ticket - RTN
+
+CALIBRATION_RULE = (
+    "Per text, every figure is a paired relative change against the round-to-nearest twin on the same documents. "
+    "The rounding band is the distribution of (lottery ticket - RTN) over the tickets: how far perplexity moves "
+    "when only the rounding changes; its lower / upper edges are the 5th / 95th percentiles (linear interpolation). "
+    "A calibration draw HELPS on a text when the upper bound of its (draw - RTN) 95% CI is below zero and below "
+    "the band's lower edge; it HURTS when the CI's lower bound is above zero and above the band's upper edge. "
+    "ACCEPTED: every draw helps on every text. WORSE: some draw hurts on some text. NOT SHOWN: otherwise. "
+    f"Judged with at least {MIN_DRAWS} draws and {MIN_TICKETS} tickets.")
 
 
-def calibration_judgement(gains: list[dict], spread: dict) -> dict:
-    """Does calibration beat round-to-nearest? gains: one {text: {value, lo, hi}} per calibration draw (the
-    calibrated arm's rel against its round-to-nearest twin; negative = better); spread: {text: lottery spread}.
+def rounding_band(ticket_rels: list[float], q: float = ROUNDING_Q) -> dict:
+    """The (lottery ticket - round-to-nearest) paired relative changes of one text, each on every document:
+    {"values": [...], "lo": their q quantile, "hi": their 1 - q quantile, "q": q}. How far perplexity moves
+    under a rounding change alone; unlike a range of point estimates it does not widen with more tickets."""
+    v = [float(x) for x in ticket_rels]
+    if len(v) < MIN_TICKETS or not all(math.isfinite(x) for x in v):
+        raise ValueError(f"the rounding band needs at least {MIN_TICKETS} finite ticket - RTN changes, got {v}")
+    if not 0 < q < 0.5:
+        raise ValueError(f"q must be in (0, 0.5), got {q!r}")
+    lo, hi = np.quantile(v, [q, 1 - q])
+    return {"values": v, "lo": float(lo), "hi": float(hi), "q": q}
 
-    ACCEPTED  every draw's CI lies below -spread on every text (clears zero and the lottery);
-    WORSE     some draw's CI lies above +spread on some text;
-    NOT SHOWN otherwise. Needs >= 3 draws.
+
+def calibration_judgement(draws: list[dict], bands: dict) -> dict:
+    """Does calibration beat round-to-nearest? draws: one {text: {value, lo, hi}} per calibration draw, the
+    paired CI of (calibrated - its round-to-nearest twin) on the same documents (negative = better); bands:
+    {text: rounding_band}. The rule is CALIBRATION_RULE (stated before any run):
+
+    a draw HELPS on a text when its CI's hi < min(0, band lo); it HURTS when its CI's lo > max(0, band hi);
+    ACCEPTED  every draw helps on every text;
+    WORSE     some draw hurts on some text;
+    NOT SHOWN otherwise.
+    Returns {"verdict", "reasons", "rule", "texts": {text: {"helps_below", "hurts_above", "helps": [bool per
+    draw], "hurts": [...]}}}. ValueError for fewer than MIN_DRAWS draws or texts that do not match.
     """
-    if len(gains) < 3:
-        raise ValueError(f"calibration is judged over at least 3 calibration draws, got {len(gains)}")
-    for g in gains:
-        if set(g) != set(spread):
-            raise ValueError(f"every draw needs a gain on the texts of the lottery {sorted(spread)}, got {sorted(g)}")
-    worse = [(i, t) for i, g in enumerate(gains) for t, c in g.items() if c["lo"] > spread[t]]
-    if worse:
-        return {"verdict": "WORSE", "reasons": [f"draw {i}, {t}: the gain's CI lies above the lottery spread "
-                                                f"+{spread[t]:.3%}" for i, t in worse]}
-    short = [(i, t) for i, g in enumerate(gains) for t, c in g.items() if not c["hi"] < -spread[t]]
+    if len(draws) < MIN_DRAWS:
+        raise ValueError(f"calibration is judged over at least {MIN_DRAWS} calibration draws, got {len(draws)}")
+    for g in draws:
+        if set(g) != set(bands):
+            raise ValueError(f"every draw needs a change on the texts of the rounding band {sorted(bands)}, "
+                             f"got {sorted(g)}")
+    texts = {}
+    for t, b in bands.items():
+        below, above = min(0.0, b["lo"]), max(0.0, b["hi"])
+        texts[t] = {"helps_below": below, "hurts_above": above,
+                    "helps": [g[t]["hi"] < below for g in draws], "hurts": [g[t]["lo"] > above for g in draws]}
+    out = {"rule": CALIBRATION_RULE, "texts": texts}
+    hurt = [(i, t) for t, v in texts.items() for i, h in enumerate(v["hurts"]) if h]
+    if hurt:
+        return {"verdict": "WORSE", **out, "reasons": [
+            f"draw {i}, {t}: (draw - RTN) {_pct(draws[i][t])} lies above zero and the rounding band's upper edge "
+            f"{bands[t]['hi']:+.3%}" for i, t in hurt]}
+    short = [(i, t) for t, v in texts.items() for i, h in enumerate(v["helps"]) if not h]
     if not short:
-        return {"verdict": "ACCEPTED",
-                "reasons": [f"all {len(gains)} draws beat round-to-nearest beyond the lottery spread on every text"]}
-    return {"verdict": "NOT SHOWN",
-            "reasons": [f"draw {i}, {t}: CI [{gains[i][t]['lo']:+.3%}, {gains[i][t]['hi']:+.3%}] does not clear "
-                        f"-{spread[t]:.3%} (zero and the lottery)" for i, t in short]}
+        return {"verdict": "ACCEPTED", **out, "reasons": [
+            f"all {len(draws)} draws beat round-to-nearest beyond zero and the rounding band on every text"]}
+    return {"verdict": "NOT SHOWN", **out, "reasons": [
+        f"draw {i}, {t}: (draw - RTN) {_pct(draws[i][t])} does not lie below {texts[t]['helps_below']:+.3%} "
+        f"(zero and the rounding band's lower edge)" for i, t in short]}
+
+
+def _pct(c: dict) -> str:
+    return f"{c['value']:+.3%} [{c['lo']:+.3%}, {c['hi']:+.3%}]"

@@ -1,5 +1,5 @@
-"""The gate's texts: corpus splits cut into documents, documents cut into windows of the trained context,
-and calibration sequences from the train split.
+"""The gate's texts: corpus splits cut into documents, documents cut into windows of at most the trained
+context (batched by length, so forwards carry little padding), and calibration sequences from the train split.
 
 Shape legend: W = windows, L = window length (<= the model's trained context), B = calibration sequences,
 T = tokens per calibration sequence.
@@ -58,8 +58,14 @@ class Windows:
     """Every token of every document after its first, scored exactly once, by windows of at most L inputs.
 
     ids int64 [W, L + 1] (right-padded with 0), n int64 [W] (real tokens per window), doc int64 [W]
-    (document index). Window j of a document holds tokens jL .. jL + L of it; the model reads its first L
-    and predicts tokens 1.. of it, so a scored token sees between 1 and L tokens of its own document.
+    (document index). Window j of a document holds tokens jL .. jL + L of it; the model reads its first
+    n - 1 and predicts tokens 1 .. n - 1 of it, so a scored token sees between 1 and L tokens of its own
+    document and never another's (the paired bootstrap resamples documents). L is at most the trained
+    context (`trained_context`); a document shorter than L is one window of its own length.
+
+    `batches` groups windows of similar length into forwards, each trimmed to its longest window, so the
+    padding a forward computes is small (`padding` measures it). Per-token results are laid out in window
+    order: window w's predictions are positions offsets[w] .. offsets[w] + n[w] - 2.
     """
 
     def __init__(self, tok, docs: list[str], L: int):
@@ -77,7 +83,7 @@ class Windows:
                 rows.append(piece + [0] * (L + 1 - len(piece)))
                 n.append(len(piece))
                 doc.append(d)
-        self.ids = torch.tensor(rows, dtype=torch.int64)
+        self.ids = torch.tensor(rows, dtype=torch.int64).reshape(len(rows), L + 1)
         self.n = torch.tensor(n, dtype=torch.int64)
         self.doc = torch.tensor(doc, dtype=torch.int64)
         self.docs = len(docs)
@@ -88,6 +94,11 @@ class Windows:
     def tokens(self) -> int:
         """Scored tokens (predictions)."""
         return int((self.n - 1).sum())
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        """int64 [W]: where each window's first prediction sits in the per-token layout (window order)."""
+        return torch.cumsum(self.n - 1, 0) - (self.n - 1)
 
     def subset(self, stride: int) -> "Windows":
         """The windows of every stride-th document (doc % stride == 0), keeping their document indices."""
@@ -106,6 +117,35 @@ class Windows:
     def scored_mask(self) -> torch.Tensor:
         """bool [W, L]: which predictions of each window are real (not padding)."""
         return torch.arange(self.L).unsqueeze(0) < (self.n - 1).unsqueeze(1)
+
+    def batches(self, batch: int = 16, batch_tokens: int | None = None) -> list[torch.Tensor]:
+        """int64 window indices, one tensor per forward: windows sorted by length, longest first (ties in
+        window order), cut into runs of at most `batch` windows whose b x (longest window's inputs) stays
+        within batch_tokens (None: no token bound); a window longer than batch_tokens is a forward alone.
+        Every window is in exactly one batch."""
+        for name, v in (("batch", batch), ("batch_tokens", batch_tokens)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        inputs = (self.n - 1).tolist()
+        order = sorted(range(len(inputs)), key=lambda w: -inputs[w])
+        out, cur = [], []
+        for w in order:
+            longest = inputs[cur[0]] if cur else inputs[w]          # sorted: the first is the longest
+            if cur and (len(cur) >= batch or (batch_tokens and (len(cur) + 1) * longest > batch_tokens)):
+                out.append(torch.tensor(cur, dtype=torch.int64))
+                cur = []
+            cur.append(w)
+        if cur:
+            out.append(torch.tensor(cur, dtype=torch.int64))
+        return out
+
+    def padding(self, batches: list[torch.Tensor]) -> dict:
+        """What the forwards of `batches` compute beyond the scored tokens: {"batches", "inputs" (b x longest,
+        summed), "tokens" (scored), "fraction" (1 - tokens / inputs), "longest" (the longest window's inputs)}."""
+        computed = sum(len(b) * (int(self.n[b].max()) - 1) for b in batches)
+        return {"batches": len(batches), "inputs": computed, "tokens": self.tokens,
+                "fraction": 1 - self.tokens / computed if computed else 0.0,
+                "longest": int(self.n.max()) - 1 if len(self) else 0}
 
 
 def split_ids(tok, split: str = "train") -> torch.Tensor:
