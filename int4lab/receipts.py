@@ -44,6 +44,8 @@ SOURCES = {
     "gate": ("int4lab/gate/*.py",) + _QUANTISED_MODEL,                 # python -m int4lab.gate
     "llamacpp": ("int4lab/export.py", "int4lab/q4_0.py", "lab/llamacpp.py") + _QUANTISED_MODEL,
     "realscale": ("int4lab/gate/*.py", "lab/realscale.py", "lab/synth.py") + _QUANTISED_MODEL,
+    "realscale_gate": ("int4lab/gate/*.py", "lab/realscale.py", "lab/realscale_gate.py", "lab/synth.py")
+    + _QUANTISED_MODEL,                                                # the README's gate command at real width
     "decode_step": ("lab/decode_step.py", "lab/bench/floor.py", "lab/bench/timing.py") + _QUANTISED_MODEL,
     "prefill": ("lab/prefill_bench.py",) + _QUANTISED_MODEL,           # many-row int4 scoring against bf16
 }

@@ -252,11 +252,12 @@ def test_fit_depths_and_the_group_prediction():
     assert predict_groups(80 * G, 1 * G, 1 * G, 2 * G, 1 * G, 16)["groups"] == 1
 
 
-def test_realscale_gate_runs_the_readme_command_on_the_cpu(tmp_path):
+def test_realscale_gate_runs_the_readme_command_on_the_cpu(tmp_path, monkeypatch):
     from lab import realscale_gate as rg
+    short_documents(monkeypatch)
     out, work = tmp_path / "rsg.json", tmp_path / "w"
     rc = rg.main(["--arch", "olmoe", "--layers", "2", "1", "--width", "tiny", "--workdir", str(work), "--out", str(out),
-                  "--gate-args=--texts ood --max-docs 1 --lottery 0 --calib-draws 1 --boot 100 --parity-steps 0 "
+                  "--gate-args=--texts ood --max-docs 10 --lottery 0 --calib-draws 1 --boot 100 --parity-steps 0 "
                   "--calib-tokens 512 --min-rows 4"])
     assert rc == 0
     r = json.loads(out.read_text())

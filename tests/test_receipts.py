@@ -8,7 +8,8 @@ import int4lab as il
 from int4lab.receipts import SOURCES, source_files, sources_hash
 
 # The receipts the README, RESULTS.md and the chapters read, by kind: each must match the tree's sources.
-CURRENT = {"gate": "gate_*.json", "llamacpp": "llamacpp_*.json", "realscale": "realscale_*.json",
+CURRENT = {"gate": "gate_*.json", "llamacpp": "llamacpp_*.json", "realscale": "realscale_h*.json",
+           "realscale_gate": "realscale_gate_*.json",
            "decode_step": "decode_step_*.json", "prefill": "prefill_*.json"}
 
 
