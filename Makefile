@@ -22,7 +22,9 @@ notebooks: $(STAMP)
 	$(BIN)/python -m lab.notebooks
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	# two workers, one test file each at a time: the CI machine has two cores, and the Triton interpreter runs
+	# one Python thread per test (module-scoped fixtures stay in one process)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # the chapters, interactively, in the project's environment (PYTHONPATH: the checkout, as the notebooks run it)
 lab: $(STAMP)
