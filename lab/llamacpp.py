@@ -15,7 +15,7 @@ Arms:
   rtn/gptq the quantised model (W4A8: activations quantised per 32 to int8, float32 scale, each
           projection's output rounded to bf16) vs its Q4_0 GGUF (llama.cpp's CPU path quantises
           activations to Q8_0 per 32 with an fp16 scale and keeps float32 outputs).
-For each arm: both perplexities, the relative difference with a paired bootstrap CI over windows,
+For each arm: both perplexities, the relative difference with a paired bootstrap CI over documents,
 the |delta log-prob| of the scored tokens (max, mean) and the top-1 agreement of the two engines.
 """
 from __future__ import annotations
@@ -75,6 +75,26 @@ def score_windows(tok, text: str, window: int = WINDOW, bos_id: int | None = Non
     return torch.cat([torch.full((W, 1), bos, dtype=torch.int64), body], dim=1)
 
 
+def window_documents(tok, text: str, window: int, docs: list[str]) -> torch.Tensor:
+    """int64 [W]: the document (index into `docs`, the text cut at blank lines as `int4lab.gate.documents` cuts it)
+    in which each `score_windows(tok, text, window)` window's first text token starts. Documents are located in
+    `text` by their first paragraph, tokens by the tokenizer's character offsets (a fast tokenizer)."""
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    offsets = enc["offset_mapping"]
+    starts, pos = [], 0
+    for d in docs:
+        first = d.split("\n\n", 1)[0]
+        i = text.find(first, pos)
+        if i < 0:
+            raise ValueError("a document's first paragraph is not in the text: docs must be cut from this text")
+        starts.append(i)
+        pos = i + len(first)
+    n = window - 1
+    W = len(offsets) // n
+    first_chars = torch.tensor([offsets[w * n][0] for w in range(W)], dtype=torch.int64)
+    return torch.searchsorted(torch.tensor(starts, dtype=torch.int64), first_chars, right=True) - 1
+
+
 # ----------------------------------------------------------------------------------------------------
 # The two engines: log-probabilities [w, T - 1, V] (float64) for a chunk of windows
 
@@ -85,18 +105,25 @@ def ours_logprobs(model, windows: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits.double(), -1)
 
 
-class LlamaCppScorer:
-    """One llama.cpp context over a GGUF file: F32 KV cache, no flash attention, logits for every position."""
+KV_CACHES = ("f32", "f16")
 
-    def __init__(self, gguf_path, window: int = WINDOW, threads: int | None = None):
+
+class LlamaCppScorer:
+    """One llama.cpp context over a GGUF file: no flash attention, logits for every position, and the KV cache in
+    F32 (`kv_cache="f32"`, what every receipt uses) or in llama.cpp's default F16 (`"f16"`, to measure what the
+    default changes)."""
+
+    def __init__(self, gguf_path, window: int = WINDOW, threads: int | None = None, kv_cache: str = "f32"):
         if not have_llama_cpp():
             raise ImportError(f"llama_cpp is not importable: {INSTALL_HINT}")
+        if kv_cache not in KV_CACHES:
+            raise ValueError(f"kv_cache must be one of {KV_CACHES}, got {kv_cache!r}")
         import llama_cpp
         from llama_cpp import Llama
         self.window = window
+        kv = llama_cpp.GGML_TYPE_F32 if kv_cache == "f32" else llama_cpp.GGML_TYPE_F16
         self.llm = Llama(model_path=str(gguf_path), n_ctx=window, n_batch=window, n_ubatch=window,
-                         logits_all=True, flash_attn=False, type_k=llama_cpp.GGML_TYPE_F32,
-                         type_v=llama_cpp.GGML_TYPE_F32, n_threads=threads or os.cpu_count(),
+                         logits_all=True, flash_attn=False, type_k=kv, type_v=kv, n_threads=threads or os.cpu_count(),
                          n_threads_batch=threads or os.cpu_count(), verbose=False, vocab_only=False)
 
     def logprobs(self, windows: torch.Tensor) -> torch.Tensor:
@@ -126,7 +153,6 @@ def compare(model, scorer, windows: torch.Tensor, chunk: int = 8, variants=None)
     variants: {name: context manager factory}; each scores our model again inside that context against the
     same llama.cpp log-probabilities (used for `llamacpp_numerics`). Returns {"ours": stats, name: stats}.
     """
-    import contextlib
     runs = {"ours": contextlib.nullcontext, **(variants or {})}
     target = windows[:, 1:]
     acc = {k: {"nll_ours": [], "dmax": 0.0, "dsum": 0.0, "vmax": 0.0, "agree": 0} for k in runs}
@@ -155,40 +181,135 @@ def compare(model, scorer, windows: torch.Tensor, chunk: int = 8, variants=None)
 
 # ----------------------------------------------------------------------------------------------------
 # llama.cpp's activation numerics, emulated on our model (a diagnostic, not a format)
+#
+# Read in the llama.cpp sources that llama-cpp-python 0.3.36 vendors (llama.cpp 0c1e57098, its CHANGELOG says):
+#   ggml/src/ggml-cpu/arch/x86/quants.c  quantize_row_q8_0, the `#if defined(__AVX2__) || defined(__AVX__)` branch:
+#       maxScalar = amax of the 32-block; d = maxScalar / 127.f (float32); y.d = fp16(d);
+#       id = maxScalar != 0 ? 127.f / maxScalar : 0 (float32); codes = _mm256_round_ps(x * id, _MM_ROUND_NEAREST)
+#       (round half to even). Every x86 matmul of a Q4_0 weight (ggml_compute_forward_mul_mat and _mul_mat_id,
+#       the llamafile sgemm path, the AMX path) quantises its activation rows with it, and
+#   ggml/src/ggml-cpu/arch/x86/repack.cpp  ggml_quantize_mat_q8_0_4x8 (the repacked Q4_0 path, 4 rows at a time)
+#       applies the same rule ("Divided by 127.f to mirror results in quantize_row_q8_0").
+#   ggml/src/ggml-quants.c  quantize_row_q8_0_ref (the scalar reference, for platforms without a SIMD branch and
+#       for writing model files): d = amax / 127; id = d ? 1.0f / d : 0; codes = roundf(x * id) (half away from 0).
+# So on x86 the codes are rint(x * (127 / amax)) in float32 and only the scale is stored in fp16: the decoded
+# activation is code * fp16(amax / 127). Ours (`quant_x_rows_ref`): rint(x * (1 / (amax / 127 + 1e-12))), the
+# scale kept in float32.
 
-def q8_0_activations(x: torch.Tensor) -> torch.Tensor:
-    """x [R, K] -> float32 [R, K] as ggml's CPU path sees it before a Q4_0 dot product: per 32, codes
-    round-half-even(x * 127 / amax) and the scale d = amax / 127 stored in fp16 (ggml quantize_row_q8_0)."""
-    K = x.shape[-1]
-    xb = x.float().reshape(-1, K // 32, 32)
+Q8_0_PATHS = ("x86", "ref")
+
+
+def q8_0_codes(x: torch.Tensor, path: str = "x86") -> tuple[torch.Tensor, torch.Tensor]:
+    """ggml's Q8_0 activation quantiser on x [R, K] (K % 32 == 0): (codes int8 [R, K], d float16 [R, K/32]).
+
+    path "x86": quantize_row_q8_0's AVX/AVX2 branch (what the llama.cpp CPU runs that wrote the receipts execute):
+    d = amax / 127 and id = 127 / amax in float32, codes = round-half-even(x * id).
+    path "ref": quantize_row_q8_0_ref: id = 1 / d, codes = round-half-away-from-zero(x * id).
+    Both store d = fp16(amax / 127). The module comment above cites the source lines."""
+    if path not in Q8_0_PATHS:
+        raise ValueError(f"path must be one of {Q8_0_PATHS}, got {path!r}")
+    if x.dim() != 2 or x.shape[-1] % 32:
+        raise ValueError(f"x must be [R, K] with K a multiple of 32, got shape {tuple(x.shape)}")
+    R, K = x.shape
+    xb = x.float().reshape(R, K // 32, 32)
     amax = xb.abs().amax(-1, keepdim=True)
-    d = (amax / 127).to(torch.float16).float()
-    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
-    return (torch.round(xb * inv).clamp(-127, 127) * d).reshape(x.shape)
+    d = amax / 127.0                                                      # float32, as `maxScalar / 127.f`
+    if path == "x86":
+        inv = torch.where(amax > 0, 127.0 / torch.where(amax > 0, amax, torch.ones_like(amax)), torch.zeros_like(amax))
+        q = torch.round(xb * inv)                                         # _MM_ROUND_NEAREST: half to even
+    else:
+        inv = torch.where(d > 0, 1.0 / torch.where(d > 0, d, torch.ones_like(d)), torch.zeros_like(d))
+        v = xb * inv
+        q = torch.sign(v) * torch.floor(v.abs() + 0.5)                     # roundf: half away from zero
+    return q.clamp(-127, 127).to(torch.int8).reshape(R, K), d.squeeze(-1).to(torch.float16)
+
+
+def q8_0_activations(x: torch.Tensor, path: str = "x86") -> torch.Tensor:
+    """x [R, K] -> float32 [R, K] as ggml's CPU path sees it before a Q4_0 dot product: `q8_0_codes` decoded,
+    code * float(fp16 d)."""
+    q, d = q8_0_codes(x, path)
+    R, K = x.shape
+    return (q.float().reshape(R, K // 32, 32) * d.float().unsqueeze(-1)).reshape(R, K)
+
+
+def ggml_q8_0(x: torch.Tensor, path: str = "x86") -> tuple[torch.Tensor, torch.Tensor]:
+    """The installed llama.cpp's own Q8_0 quantiser on x [R, K], through ctypes: (codes int8 [R, K], d fp16
+    [R, K/32]). path "x86" calls libggml-cpu's `quantize_row_q8_0` (the build's SIMD branch), "ref" libggml-base's
+    `quantize_row_q8_0_ref`. Needs llama_cpp (the libraries ship with it)."""
+    import ctypes
+    if not have_llama_cpp():
+        raise ImportError(f"llama_cpp is not importable: {INSTALL_HINT}")
+    if path not in Q8_0_PATHS:
+        raise ValueError(f"path must be one of {Q8_0_PATHS}, got {path!r}")
+    if x.dim() != 2 or x.shape[-1] % 32:
+        raise ValueError(f"x must be [R, K] with K a multiple of 32, got shape {tuple(x.shape)}")
+    import llama_cpp
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    lib = ctypes.CDLL(str(lib_dir / ("libggml-cpu.so" if path == "x86" else "libggml-base.so")))
+    if path == "x86":
+        lib.ggml_cpu_init()
+    fn = lib.quantize_row_q8_0 if path == "x86" else lib.quantize_row_q8_0_ref
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None
+    R, K = x.shape
+    src = np.ascontiguousarray(x.float().numpy())
+    out = np.zeros((R, K // 32, 34), dtype=np.uint8)                       # block_q8_0: fp16 d, int8 qs[32]
+    for r in range(R):
+        fn(src[r].ctypes.data, out[r].ctypes.data, K)
+    d = torch.from_numpy(out[..., :2].copy().view(np.float16).reshape(R, K // 32))
+    q = torch.from_numpy(out[..., 2:].copy().view(np.int8).reshape(R, K))
+    return q, d
+
+
+def _w4a8_activations(x: torch.Tensor) -> torch.Tensor:
+    """Our W4A8 activations, decoded: `quant_x_rows_ref` codes times their float32 scale."""
+    from int4lab.format import quant_x_rows_ref
+    q, s = quant_x_rows_ref(x)
+    R, K = x.shape
+    return (q.float().reshape(R, K // 32, 32) * s.unsqueeze(-1)).reshape(R, K)
+
+
+NUMERICS_ACTIVATIONS = ("q8_0", "ours")
+NUMERICS_OUTPUTS = ("fp32", "bf16")
 
 
 @contextlib.contextmanager
-def llamacpp_numerics():
-    """Inside: our quantised modules compute as llama.cpp's CPU Q4_0 path does — activations through
-    `q8_0_activations`, float32 projection outputs and a float32 expert combine (no bf16 rounding).
-    The weights are untouched. CPU reference path only."""
+def llamacpp_numerics(activations: str = "q8_0", outputs: str = "fp32"):
+    """Inside: our quantised modules compute with llama.cpp's CPU numerics, in part or whole. The weights are
+    untouched; CPU reference path only.
+
+    activations "q8_0": `q8_0_activations` (ggml's x86 rule: fp16 scale); "ours": `quant_x_rows_ref` (float32
+    scale). outputs "fp32": each projection's output and the expert combine stay float32, as ggml's are; "bf16":
+    each rounded to bf16 as our kernels do. ("q8_0", "fp32") is llama.cpp's side; ("ours", "bf16") computes what
+    our model computes without the context, bit for bit (tests/test_llamacpp.py); the two mixed ones split the gap.
+    """
     from int4lab import quantize as qz
+    if activations not in NUMERICS_ACTIVATIONS or outputs not in NUMERICS_OUTPUTS:
+        raise ValueError(f"activations must be one of {NUMERICS_ACTIVATIONS} and outputs one of {NUMERICS_OUTPUTS}, "
+                         f"got {activations!r}, {outputs!r}")
+    act_of = q8_0_activations if activations == "q8_0" else _w4a8_activations
+    rounded = (lambda y: y.to(torch.bfloat16)) if outputs == "bf16" else (lambda y: y)     # noqa: E731
 
     def matmul(x, packed, scales, act, w=None):
         N, K = packed.shape[0], packed.shape[1] * 2
         w = qz.dequant_int4_ref(packed, scales, N, K) if w is None else w
-        return q8_0_activations(x) @ w.t()
+        return rounded(act_of(x) @ w.t())
 
     def experts_forward(self, hidden_states, top_k_index, top_k_weights):
-        out = torch.zeros_like(hidden_states)
+        R, k = top_k_index.shape
         wgu = self._decoded(self.gate_up_packed, self.gate_up_scales)             # fp32 [E, 2I, H]
         wdn = self._decoded(self.down_packed, self.down_scales)                   # fp32 [E, H, I]
+        ys = hidden_states.new_zeros(R, k, hidden_states.shape[-1])             # [R, k, H]: one row per slot
         for e in torch.unique(top_k_index).tolist():
+            if not 0 <= e < self.num_experts:
+                continue
             tok, slot = torch.where(top_k_index == e)
-            gate, up = (q8_0_activations(hidden_states[tok]) @ wgu[e].t()).chunk(2, dim=-1)
-            y = q8_0_activations(self.act_fn(gate) * up) @ wdn[e].t()
-            out.index_put_((tok,), (y * top_k_weights[tok, slot, None]).to(out.dtype), accumulate=True)
-        return out
+            xe = hidden_states[tok]
+            gate, up = rounded(act_of(xe) @ wgu[e].t()).to(xe.dtype).chunk(2, dim=-1)
+            ys[tok, slot] = rounded(act_of(self.act_fn(gate) * up) @ wdn[e].t()).to(xe.dtype)
+        valid = (top_k_index >= 0) & (top_k_index < self.num_experts)
+        w = torch.where(valid, top_k_weights.to(ys.dtype), 0).unsqueeze(-1)
+        out = (ys * w).sum(1)                                                   # slots in order, float32
+        return rounded(out).to(hidden_states.dtype)
 
     mm = qz.Int4Linear.forward.__globals__["int4_matmul"].__globals__    # where int4_matmul finds its reference
     old_ref, old_fwd = mm["int4_matmul_ref"], qz.Int4Experts.forward
@@ -199,25 +320,52 @@ def llamacpp_numerics():
         mm["int4_matmul_ref"], qz.Int4Experts.forward = old_ref, old_fwd
 
 
-def paired_bootstrap(nll_a: torch.Tensor, nll_b: torch.Tensor, reps: int = BOOTSTRAP, seed: int = 0) -> dict:
+def paired_bootstrap(nll_a: torch.Tensor, nll_b: torch.Tensor, reps: int = BOOTSTRAP, seed: int = 0,
+                     groups: torch.Tensor | None = None) -> dict:
     """Relative perplexity difference ppl_b / ppl_a - 1 over equal-size windows, with a 95% paired
-    bootstrap CI (windows resampled with replacement, the same draw for both)."""
+    bootstrap CI: windows resampled with replacement, the same draw for both; with `groups` (int [W], e.g. the
+    document of each window), whole groups are resampled (a cluster bootstrap, as the gate resamples documents)."""
     if nll_a.shape != nll_b.shape or nll_a.dim() != 1 or nll_a.numel() < 2:
         raise ValueError("nll_a and nll_b must be 1-D tensors of the same length >= 2 (one NLL per window)")
     d = (nll_b - nll_a).double()
+    if groups is None:
+        groups = torch.arange(d.numel())
+    groups = torch.as_tensor(groups, dtype=torch.int64)
+    if groups.shape != d.shape:
+        raise ValueError(f"groups must hold one id per window ({d.numel()}), got shape {tuple(groups.shape)}")
+    _, gid = torch.unique(groups, return_inverse=True)
+    G = int(gid.max()) + 1
+    if G < 2:
+        raise ValueError("the bootstrap needs at least 2 groups (documents)")
+    sums = torch.zeros(G, dtype=torch.float64).index_add_(0, gid, d)
+    counts = torch.zeros(G, dtype=torch.float64).index_add_(0, gid, torch.ones_like(d))
     g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, d.numel(), (reps, d.numel()), generator=g)
-    boot = torch.exp(d[idx].mean(-1)) - 1
+    idx = torch.randint(0, G, (reps, G), generator=g)
+    boot = torch.exp(sums[idx].sum(-1) / counts[idx].sum(-1)) - 1
     lo, hi = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
     return {"rel": math.exp(d.mean().item()) - 1, "ci95": [lo, hi], "reps": reps, "seed": seed,
-            "windows": d.numel(), "ci_contains_zero": lo <= 0.0 <= hi}
+            "windows": d.numel(), "groups": G, "ci_contains_zero": lo <= 0.0 <= hi}
 
 
-def arm_result(cmp: dict) -> dict:
-    """The receipt entry of one arm from `compare`'s output."""
+# Two engines are called equivalent on an arm when the paired 95 % CI of ppl_llama.cpp / ppl_ours - 1 lies inside
+# +-EQUIV_MARGIN, fixed before any receipt was read: a quarter of the gate's 1 % perplexity budget (chapter 04), so
+# that an engine difference inside it is small next to the budget the arms are judged by. A CI that contains 0 but
+# crosses the margin is no evidence of agreement.
+EQUIV_MARGIN = 0.0025
+
+
+def equivalent(diff: dict, margin: float = EQUIV_MARGIN) -> bool:
+    """Whether a `paired_bootstrap` result's 95 % CI lies inside +-margin."""
+    lo, hi = diff["ci95"]
+    return -margin < lo and hi < margin
+
+
+def arm_result(cmp: dict, groups: torch.Tensor | None = None) -> dict:
+    """The receipt entry of one arm from `compare`'s output (`groups`: the document of each window)."""
     ppl_ours = math.exp(cmp["nll_ours"].double().mean().item())
     ppl_cpp = math.exp(cmp["nll_cpp"].double().mean().item())
-    return {"ppl_ours": ppl_ours, "ppl_llamacpp": ppl_cpp, "diff": paired_bootstrap(cmp["nll_ours"], cmp["nll_cpp"]),
+    return {"ppl_ours": ppl_ours, "ppl_llamacpp": ppl_cpp,
+            "diff": paired_bootstrap(cmp["nll_ours"], cmp["nll_cpp"], groups=groups),
             **{k: cmp[k] for k in ("max_abs_dlogp", "mean_abs_dlogp", "max_abs_dlogp_any_token",
                                    "top1_agreement", "tokens")}}
 
@@ -225,41 +373,80 @@ def arm_result(cmp: dict) -> dict:
 # ----------------------------------------------------------------------------------------------------
 # The judge
 
+# the two halves of llama.cpp's numerics, one at a time (`llamacpp_numerics`): which part of the gap each explains
+DECOMPOSITION = {"llamacpp_numerics": ("q8_0", "fp32"),
+                 "fp16_activation_scale_only": ("q8_0", "bf16"),
+                 "fp32_outputs_only": ("ours", "fp32")}
+
+
+def kv_cache_effect(path, windows: torch.Tensor, window: int = WINDOW, threads: int | None = None,
+                    chunk: int = 8) -> dict:
+    """What llama.cpp's default F16 KV cache changes against the F32 cache the receipts use, on one GGUF file:
+    |delta log-prob| of the scored tokens (max, mean) and the top-1 agreement, F16 against F32."""
+    cache = {kv: LlamaCppScorer(path, window, threads, kv_cache=kv) for kv in KV_CACHES}
+    target = windows[:, 1:]
+    dmax, dsum, agree = 0.0, 0.0, 0
+    try:
+        for i in range(0, windows.shape[0], chunk):
+            w, t = windows[i:i + chunk], target[i:i + chunk].unsqueeze(-1)
+            a, b = cache["f16"].logprobs(w), cache["f32"].logprobs(w)
+            d = (a.gather(-1, t) - b.gather(-1, t)).abs()
+            dmax, dsum = max(dmax, d.max().item()), dsum + d.sum().item()
+            agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+    finally:
+        for sc in cache.values():
+            sc.close()
+    n = target.numel()
+    return {"max_abs_dlogp": dmax, "mean_abs_dlogp": dsum / n, "top1_agreement": agree / n, "tokens": n}
+
+
 def judge(model: str, schemes=("rtn", "gptq"), targets: str = "experts", *, window: int = WINDOW,
           windows: int | None = None, threads: int | None = None, workdir=None, progress: bool = True) -> dict:
     """Receipt payload: the source arm and one arm per scheme, each scored by our model and by llama.cpp.
 
-    windows: score this many windows spread evenly over the test split (None: all of them). Each quantised
-    arm also scores our model under `llamacpp_numerics` against the same llama.cpp log-probabilities.
+    windows: score this many windows spread evenly over the test split (None: all of them). The paired CIs
+    resample documents (`window_documents`), not windows. Each quantised arm also scores our model under
+    `llamacpp_numerics`, whole and in its two halves (`DECOMPOSITION`), against the same llama.cpp
+    log-probabilities; the source arm also measures llama.cpp's default F16 KV cache against F32
+    (`kv_cache_effect`).
     """
     from int4lab.corpus import load_split
     from int4lab.export import build_model, write_gguf
-    from int4lab.gate import token_sha
+    from int4lab.gate import documents, token_sha
     t0 = time.time()
     tmp = tempfile.TemporaryDirectory() if workdir is None else None
     wd = Path(workdir or tmp.name)
     arms = {}
-    wins = tok_check = None
+    wins = tok_check = docs = None
     total = 0
     for scheme in (None, *schemes):
         ta = time.time()
         m, tok, name = build_model(model, scheme, targets)
         if wins is None:
-            wins = score_windows(tok, load_split("test"), window)
+            text = load_split("test")
+            wins = score_windows(tok, text, window)
+            docs = window_documents(tok, text, window, documents("test"))
             total = wins.shape[0]
             if windows is not None and windows < total:
-                wins = wins[torch.linspace(0, total - 1, windows).round().long()]
+                pick = torch.linspace(0, total - 1, windows).round().long()
+                wins, docs = wins[pick], docs[pick]
         label = "source" if scheme is None else f"{scheme}/{targets}/W4A8"
         path = write_gguf(m, wd / f"{name}-{label.replace('/', '-')}.gguf", name=f"{name}-{label}", force=True)
         scorer = LlamaCppScorer(path, window, threads)
         if tok_check is None:
             tok_check = tokenizer_agreement(tok, scorer, load_split("test")[:20000])
-        variants = None if scheme is None else {"llamacpp_numerics": llamacpp_numerics}
+        variants = None if scheme is None else {k: (lambda a=a, o=o: llamacpp_numerics(a, o))
+                                                for k, (a, o) in DECOMPOSITION.items()}
         cmp = compare(m, scorer, wins, variants=variants)
         scorer.close()
-        arms[label] = {**arm_result(cmp["ours"]), "gguf_bytes": path.stat().st_size}
+        arms[label] = {**arm_result(cmp["ours"], docs), "gguf_bytes": path.stat().st_size}
         if variants:
-            arms[label]["ours_with_llamacpp_numerics"] = arm_result(cmp["llamacpp_numerics"])
+            arms[label]["ours_with_llamacpp_numerics"] = arm_result(cmp["llamacpp_numerics"], docs)
+            arms[label]["decomposition"] = {k: {f: cmp[k][f] for f in ("max_abs_dlogp", "mean_abs_dlogp",
+                                                                        "top1_agreement")}
+                                            for k in DECOMPOSITION}
+        else:
+            arms[label]["kv_cache_f16"] = kv_cache_effect(path, wins, window, threads)
         arms[label]["seconds"] = time.time() - ta
         if progress:
             a = arms[label]
@@ -271,6 +458,8 @@ def judge(model: str, schemes=("rtn", "gptq"), targets: str = "experts", *, wind
         tmp.cleanup()
     return {"model": model, "llama": llama_provenance(), "split": "test", "window": window,
             "windows": int(wins.shape[0]), "windows_in_split": int(total),
+            "documents": int(torch.unique(docs).numel()), "window_documents": docs.tolist(),
+            "equivalence_margin": EQUIV_MARGIN,
             "tokens_scored": int(wins[:, 1:].numel()), "tokens_sha": token_sha(wins), "targets": targets,
             "tokenizer_check": tok_check, "arms": arms, "seconds": time.time() - t0}
 

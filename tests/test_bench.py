@@ -589,14 +589,16 @@ def test_report_figures_draw_from_a_synthetic_receipt(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rec = _synthetic_receipt(tmp_path)
-    ax = report.plot_bandwidth(rec)
+    ax = report.plot_time_over_floor(rec)
     assert len(ax.get_xticklabels()) == 4
-    floors = sorted(round(line.get_ydata()[0], 3) for line in ax.lines)         # one read-floor tick per shape
-    want = sorted(round(r["floor_bytes"] / (r["floor_us"] * 1e3), 3) for r in rec["rows"]
-                  if r["layer"] != "moe" and r["impl"] == "int4_b32")
-    assert floors == want
-    heights = sorted(round(p.get_height(), 3) for p in ax.patches)
-    assert heights == sorted(round(r["GBps"], 3) for r in rec["rows"] if r["layer"] != "moe")
+    floor_us = {(r["N"], r["K"]): r["floor_us"] for r in rec["rows"] if r["layer"] != "moe" and r["impl"] == "int4_b32"}
+    points = sorted(round(float(y), 4) for line in ax.lines if line.get_marker() == "o" for y in line.get_ydata())
+    want = sorted(round(r["us"] / floor_us[(r["N"], r["K"])], 4) for r in rec["rows"] if r["layer"] != "moe")
+    assert points == want                                                     # every row, over its shape's floor
+    assert any(line.get_marker() != "o" and list(line.get_ydata()) == [1.0, 1.0] for line in ax.lines)
+    assert report.floor_fixed_share(rec) == {}                                 # no floor list in this receipt
+    share = report.floor_fixed_share({"floor": [{"bytes": 1e6, "us": 2.0}, {"bytes": 4e8, "us": 100.0}]})
+    assert share == {1e6: 0.875, 4e8: 0.0}          # 1 MB at the fastest rate (4 MB/µs) is 0.25 µs of its 2 µs
     ax = report.plot_moe(rec, rows=1)
     assert sorted(p.get_height() for p in ax.patches) == [14.0, 130.0]
     assert [line.get_ydata()[0] for line in ax.lines] == [11.0]

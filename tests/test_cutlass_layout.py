@@ -378,3 +378,16 @@ def test_single_nibble_errors_and_allclose_rule():
     # numpy's own rule, element by element
     a, d = np.array([0.0, 3.0, 20.0]), np.array([1.0, 1.0, 5.0])
     assert np.array_equal(tolerance.allclose_passes(a, d, 1.5, 2), np.isclose(a, d, rtol=2, atol=1.5))
+
+
+def test_admitted_fraction_counts_numpys_rule():
+    d, frac = tolerance.admitted_fraction(1.5, 2.0)
+    assert d.tolist() == list(range(-128, 128)) and frac.shape == (256,)
+    # brute force with numpy's own isclose, one desired byte at a time
+    a = np.arange(-128, 128, dtype=np.float64)
+    for dv in (-128, -126, -125, -64, 0, 7, 8, 64, 126, 127):
+        assert frac[dv + 128] == np.isclose(a, dv, rtol=2, atol=1.5).mean()
+    assert d[frac == 1].tolist() == [-128, -127, -126, 127]
+    assert frac[64 + 128] == 193 / 256
+    with pytest.raises(ValueError, match="atol and rtol"):
+        tolerance.admitted_fraction(-1, 2)

@@ -87,3 +87,21 @@ def test_bad_inputs():
         fv.nf4_dequant(w, 32, torch.int8)
     with pytest.raises(ValueError, match="multiple of 32"):
         fv.q4_0_codes(torch.randn(4, 48))
+
+
+@pytest.mark.parametrize("act", ["int8", "bf16"])
+def test_q4_0_signed_scale_packs_are_served_by_the_kernels(device, act):
+    # Q4_0's rule writes negative scales (half the blocks) and code -8; int4_linear must decode them as
+    # dequant_int4_ref does: every output written, within the kernels' bound, on awkward sizes
+    from lab.chapters import accuracy
+
+    def q4_0_pack(w):
+        codes, d = fv.q4_0_codes(w)
+        return pack_codes(codes), d
+
+    w = torch.randn(40, 320)
+    codes, d = fv.q4_0_codes(w)
+    assert bool((d < 0).any()) and bool((d > 0).any()) and bool((codes == -8).any())
+    for R in (1, 3):
+        r = accuracy.linear_case(R, 40, 320, device, act, pack=q4_0_pack)
+        assert r["unwritten"] == 0 and r["rel_err"] <= accuracy.BOUND

@@ -64,6 +64,84 @@ def test_q8_0_activations_match_ggml_rule_in_float64():
     assert rel[~normal].max() > 2 ** -11
 
 
+def test_q8_0_codes_round_as_each_ggml_path():
+    # a block whose amax is 127: d = 1, id = 127/127 = 1, so 2.5 and -2.5 are exact ties
+    x = torch.zeros(1, 64)
+    x[0, :5] = torch.tensor([127.0, 2.5, -2.5, 3.5, 0.5])
+    x[0, 32:] = torch.linspace(-1, 1, 32)
+    q86, d86 = llamacpp.q8_0_codes(x, "x86")
+    qref, dref = llamacpp.q8_0_codes(x, "ref")
+    assert q86[0, :5].tolist() == [127, 2, -2, 4, 0]               # _MM_ROUND_NEAREST: half to even
+    assert qref[0, :5].tolist() == [127, 3, -3, 4, 1]              # roundf: half away from zero
+    assert torch.equal(d86, dref) and d86.dtype == torch.float16
+    assert float(d86[0, 0]) == 1.0
+    # away from ties, the x86 codes are ours (quant_x_rows_ref) and only the stored scale differs
+    y = torch.randn(16, 256) * torch.logspace(-2, 2, 256)
+    ours, s32 = il.quant_x_rows_ref(y)
+    q, d = llamacpp.q8_0_codes(y)
+    assert torch.equal(q, ours) and torch.equal(d, s32.half())
+    with pytest.raises(ValueError, match="path must be one of"):
+        llamacpp.q8_0_codes(y, "arm")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        llamacpp.q8_0_codes(torch.randn(2, 48))
+
+
+@needs_llama
+@pytest.mark.parametrize("path", llamacpp.Q8_0_PATHS)
+def test_q8_0_codes_equal_the_installed_ggml_bit_for_bit(path):
+    x = torch.randn(12, 512) * torch.logspace(-4, 3, 512)
+    x[3, :32] = 0.0
+    x[4, :4] = torch.tensor([127.0, 2.5, -2.5, 0.5])               # ties, where the two paths differ
+    x[4, 4:32] = 0.0
+    q, d = llamacpp.q8_0_codes(x, path)
+    gq, gd = llamacpp.ggml_q8_0(x, path)
+    assert torch.equal(q, gq) and torch.equal(d.view(torch.int16), gd.view(torch.int16))
+
+
+def test_paired_bootstrap_resamples_groups():
+    a = torch.rand(12, dtype=torch.float64) + 3
+    b = a + 0.01 * torch.randn(12, dtype=torch.float64)
+    by_window = llamacpp.paired_bootstrap(a, b)
+    one_each = llamacpp.paired_bootstrap(a, b, groups=torch.arange(12) * 7)
+    assert by_window["ci95"] == one_each["ci95"] and one_each["groups"] == 12
+    pairs = llamacpp.paired_bootstrap(a, b, groups=torch.arange(12) // 2)
+    assert pairs["groups"] == 6 and pairs["rel"] == by_window["rel"]
+    with pytest.raises(ValueError, match="one id per window"):
+        llamacpp.paired_bootstrap(a, b, groups=torch.arange(5))
+    with pytest.raises(ValueError, match="at least 2 groups"):
+        llamacpp.paired_bootstrap(a, b, groups=torch.zeros(12))
+
+
+def test_window_documents_locates_each_window():
+    tok = il.models.load_tokenizer()
+    paras = [" ".join(f"word{i}x{j}" for j in range(40)) for i in range(12)]
+    text = "\n\n".join(paras)
+    docs = ["\n\n".join(paras[i:i + 3]) for i in range(0, 12, 3)]          # four documents of three paragraphs
+    W = 16
+    ids = llamacpp.score_windows(tok, text, W)
+    doc = llamacpp.window_documents(tok, text, W, docs)
+    assert doc.shape == (ids.shape[0],) and doc[0] == 0 and doc[-1] == 3
+    assert bool((doc[1:] >= doc[:-1]).all()) and set(doc.tolist()) == {0, 1, 2, 3}
+    with pytest.raises(ValueError, match="first paragraph"):
+        llamacpp.window_documents(tok, text, W, ["not in the text"])
+
+
+def test_llamacpp_numerics_ours_bf16_is_our_model_bit_for_bit():
+    m, tok, _ = export.build_model("olmoe", "rtn", "experts")
+    ids = llamacpp.score_windows(tok, load_split("test")[:4000], 64)[:2]
+    base = llamacpp.ours_logprobs(m, ids)
+    with llamacpp.llamacpp_numerics("ours", "bf16"):
+        same = llamacpp.ours_logprobs(m, ids)
+    with llamacpp.llamacpp_numerics():
+        other = llamacpp.ours_logprobs(m, ids)
+    assert torch.equal(base, same)
+    assert not torch.equal(base, other)
+    assert torch.equal(llamacpp.ours_logprobs(m, ids), base)                  # leaving the context restores ours
+    with pytest.raises(ValueError, match="activations must be one of"):
+        with llamacpp.llamacpp_numerics("fp8", "bf16"):
+            pass
+
+
 @pytest.fixture(scope="module")
 def test_windows():
     tok = il.models.load_tokenizer()
@@ -99,5 +177,7 @@ def test_llamacpp_numerics_explain_the_q4_0_gap(tmp_path, test_windows):
     # same weight bits; emulating llama.cpp's activation side (fp16 Q8_0 scale, float32 outputs) must close
     # most of the per-token gap between the engines
     assert c["emul"]["mean_abs_dlogp"] < 0.25 * c["ours"]["mean_abs_dlogp"], (c["emul"], c["ours"])
+    with pytest.raises(ValueError, match="kv_cache must be one of"):
+        llamacpp.LlamaCppScorer(tmp_path / "q.gguf", 256, kv_cache="q8_0")
     # and leaving the context restores our own numerics exactly
     assert torch.equal(again["nll_ours"], c["ours"]["nll_ours"])

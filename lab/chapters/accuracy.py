@@ -50,8 +50,10 @@ def gemv_case(R, N, K, E, device, split_k=None):
     return _row(name, f"R{R} {N}x{K} E{E}", out, gemv_ref(xq, xs, p, s, eids, N, K))
 
 
-def linear_case(R, N, K, device, act):
-    p, s = (t.to(device) for t in pack_int4_b32(torch.randn(N, K) * 0.1))
+def linear_case(R, N, K, device, act, pack=None):
+    """`int4_linear` on a fresh [N, K] weight against float64. `pack` (default `pack_int4_b32`) maps the float
+    weight to (packed, scales); chapter 01 passes llama.cpp Q4_0's signed-scale rule through it."""
+    p, s = (t.to(device) for t in (pack or pack_int4_b32)(torch.randn(N, K) * 0.1))
     x = torch.randn(R, K).bfloat16().to(device)
     out = int4_linear(x, p, s, act=act, out=_poisoned((R, N), device))
     w = dequant_int4_ref(p.cpu(), s.cpu(), N, K).double()

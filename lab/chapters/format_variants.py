@@ -61,6 +61,18 @@ def q4_0_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, d.squeeze(-1).to(torch.float16)
 
 
+def q4_0_clipped(w: torch.Tensor) -> torch.Tensor:
+    """bool [..., K]: the weights `q4_0_codes` clips. d = m / -8 puts the block's signed largest value m on code -8,
+    so the codes run to +7 only on the other side: a weight of the opposite sign with |w| >= 7.5 |d| (within
+    1/16 of amax) would round to +8 and is clamped to +7, an error of up to one step |d| instead of half a step."""
+    _check_weight(w)
+    wb = _by_block(w, BLOCK)
+    m = torch.gather(wb, -1, wb.abs().argmax(-1, keepdim=True))
+    d = m / -8.0
+    inv = torch.where(d == 0, torch.zeros_like(d), 1.0 / torch.where(d == 0, torch.ones_like(d), d))
+    return (torch.trunc(wb * inv + 8.5) > 15).reshape(w.shape)
+
+
 def codes_dequant(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """float32 code · float(scale) for codes int8 [..., K] and scales float16 [..., K/32]."""
     return (_by_block(codes, BLOCK) * scales.float().unsqueeze(-1)).reshape(codes.shape)

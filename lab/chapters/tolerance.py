@@ -26,3 +26,13 @@ def single_nibble_errors(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     out = np.stack([(u[:, None] & 0xF0) | new_lo, (new_hi << 4) | lo[:, None]], axis=1)
     err = np.stack([new_lo - lo[:, None], new_hi - hi[:, None]], axis=1)
     return out.astype(np.uint8).view(np.int8), err
+
+
+def admitted_fraction(atol: float, rtol: float) -> tuple[np.ndarray, np.ndarray]:
+    """For every desired int8 byte d (-128..127): the fraction of the 256 possible actual bytes a that
+    `allclose_passes(a, d, atol, rtol)` admits. Returns (d int64 [256], fraction float64 [256])."""
+    if not (atol >= 0 and rtol >= 0):
+        raise ValueError(f"atol and rtol must be >= 0, got atol={atol!r}, rtol={rtol!r}")
+    b = np.arange(-128, 128, dtype=np.int64)
+    ok = allclose_passes(b[None, :], b[:, None], atol, rtol)          # [d, a]
+    return b, ok.mean(axis=1)
