@@ -37,17 +37,17 @@ def git_commit() -> str:
 # provenance(sources=KIND) writes their hash into the receipt; tests/test_receipts.py fails on a committed receipt
 # whose hash no longer matches the tree, or that was made from a dirty tree. Patterns are relative to ROOT.
 _KERNELS = ("int4lab/kernels/*.py",)
-_QUANTISED_MODEL = ("int4lab/format.py", "int4lab/gptq.py", "int4lab/quantize/*.py", "int4lab/models/*.py",
-                    "int4lab/corpus.py") + _KERNELS
+_QUANTISER = ("int4lab/format.py", "int4lab/gptq.py", "int4lab/quantize/*.py", "int4lab/models/*.py",
+              "int4lab/corpus.py")                                     # the packs a quantised model holds
 SOURCES = {
     "kernels": _KERNELS,                                               # decode bench, paired rounds, CUDA suite
-    "gate": ("int4lab/gate/*.py",) + _QUANTISED_MODEL,                 # python -m int4lab.gate
-    "llamacpp": ("int4lab/export.py", "int4lab/q4_0.py", "lab/llamacpp.py") + _QUANTISED_MODEL,
-    "realscale": ("int4lab/gate/*.py", "lab/realscale.py", "lab/synth.py") + _QUANTISED_MODEL,
+    "gate": ("int4lab/gate/*.py",) + _QUANTISER + _KERNELS,            # python -m int4lab.gate (parity: kernels)
+    "llamacpp": ("int4lab/export.py", "int4lab/q4_0.py", "lab/llamacpp.py") + _QUANTISER,   # no kernel runs
+    "realscale": ("int4lab/gate/*.py", "lab/realscale.py", "lab/synth.py") + _QUANTISER + _KERNELS,
     "realscale_gate": ("int4lab/gate/*.py", "lab/realscale.py", "lab/realscale_gate.py", "lab/synth.py")
-    + _QUANTISED_MODEL,                                                # the README's gate command at real width
-    "decode_step": ("lab/decode_step.py", "lab/bench/floor.py", "lab/bench/timing.py") + _QUANTISED_MODEL,
-    "prefill": ("lab/prefill_bench.py",) + _QUANTISED_MODEL,           # many-row int4 scoring against bf16
+    + _QUANTISER + _KERNELS,                                           # the README's gate command at real width
+    "decode_step": ("lab/decode_step/*.py", "lab/bench/floor.py", "lab/bench/timing.py") + _QUANTISER + _KERNELS,
+    "prefill": ("lab/prefill_bench.py",) + _QUANTISER + _KERNELS,      # many-row int4 scoring against bf16
 }
 KERNEL_SOURCES = "int4lab/kernels"      # the folder of SOURCES["kernels"], named in messages
 
