@@ -16,7 +16,7 @@ import json
 
 import torch
 
-from int4lab.kernels import gemv as _gemv
+from int4lab.kernels import launch as _launch
 from int4lab.kernels import int4_linear, moe_decode_step
 from int4lab.kernels.plan import gemv_plan
 from int4lab.format import pack_int4_b32
@@ -48,7 +48,7 @@ def _replays_identical(fn, replays: int) -> bool:
 
 
 def _counters_zero() -> bool:
-    return all(int(c.abs().sum()) == 0 for _, c in _gemv._WORKSPACES.values())
+    return all(int(c.abs().sum()) == 0 for _, c in _launch.WORKSPACES.values())
 
 
 def run(replays: int = 100, small: bool = False) -> dict:
