@@ -23,7 +23,7 @@ from .._checks import (FLOAT_DTYPES, check_contiguous, check_devices, check_ids,
 from .gemv_dp4a import X_CODES, X_FLOAT, X_SWIGLU
 from .launch import launch_gemv, run_w4a16
 
-__all__ = ["gemv_int4_b32", "int4_linear", "gemv_ref", "X_CODES", "X_FLOAT", "X_SWIGLU"]
+__all__ = ["gemv_int4_b32", "int4_linear", "check_linear", "gemv_ref", "X_CODES", "X_FLOAT", "X_SWIGLU"]
 
 MAX_GRID_ROWS = 65535           # CUDA's limit on the grid's y and z dimensions, where rows go
 
@@ -64,14 +64,9 @@ def gemv_int4_b32(xq, xs, packed, scales, eids, N, K, part=None, out=None, *, sp
                        plan=plan)
 
 
-def int4_linear(x, packed, scales, act="int8", out=None, *, plan=None):
-    """Dense int4-b32 linear layer (E = 1): x [..., K] bf16/fp16/fp32 -> bf16 [..., N].
-
-    act="int8": W4A8 in one launch, x quantised per 32-block inside the GEMV to the codes of
-    quant_x_rows (gemv_int4_b32's numerics). act="bf16": W4A16, weights decoded to float32 in registers,
-    float32 accumulation, x unquantised. packed uint8 [N, K/2] or [1, N, K/2], scales float16 [N, K/32]
-    or [1, N, K/32]. `plan` (a GemvPlan) overrides the launch plan of the W4A8 path.
-    """
+def check_linear(x, packed, scales, act="int8", out=None):
+    """int4_linear's argument checks (host metadata only): returns (x as [R, K], packed as [1, N, K/2],
+    scales as [1, N, K/32], N, K, device)."""
     if act not in ("int8", "bf16"):
         raise ValueError(f"act must be 'int8' or 'bf16', got {act!r}")
     check_tensor("x", x, FLOAT_DTYPES)
@@ -87,10 +82,22 @@ def int4_linear(x, packed, scales, act="int8", out=None, *, plan=None):
     packed = packed.reshape(1, N, K // 2)
     scales = scales.reshape(1, N, K // 32)
     check_contiguous(packed=packed, scales=scales)
-    lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
     check_rows_contiguous("x", x2)
     dev = check_devices(x=x, packed=packed, scales=scales, out=out)
+    return x2, packed, scales, N, K, dev
+
+
+def int4_linear(x, packed, scales, act="int8", out=None, *, plan=None):
+    """Dense int4-b32 linear layer (E = 1): x [..., K] bf16/fp16/fp32 -> bf16 [..., N].
+
+    act="int8": W4A8 in one launch, x quantised per 32-block inside the GEMV to the codes of
+    quant_x_rows (gemv_int4_b32's numerics). act="bf16": W4A16, weights decoded to float32 in registers,
+    float32 accumulation, x unquantised. packed uint8 [N, K/2] or [1, N, K/2], scales float16 [N, K/32]
+    or [1, N, K/32]. `plan` (a GemvPlan) overrides the launch plan of the W4A8 path.
+    """
+    x2, packed, scales, N, K, dev = check_linear(x, packed, scales, act, out)
+    lead = x.shape[:-1]
     R = x2.shape[0]
     out2 = check_out("out", out, (*lead, N), torch.bfloat16, dev).reshape(R, N)
     # Rows ride on a grid axis limited to 65535 programs: long prefill-style inputs go in chunks.
