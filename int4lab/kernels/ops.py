@@ -5,6 +5,8 @@ L = T * A routed rows, E = experts, H = hidden size, I = expert intermediate siz
 
     linear(x, packed, scales, act)              x [R, K] -> bf16 [R, N]          op int4lab::linear
     moe(x, ids, w, gu_p, gu_s, dn_p, dn_s)       x [T, H] -> bf16 [T, H]          op int4lab::moe
+    rms_norm(x, weight, eps)                     x [R, N] -> [R, N]               op int4lab::rms_norm
+    router(x, weight, top_k, renorm, dtype)      x [T, H] -> logits, weights, ids op int4lab::router
 
 Why a second entry beside the public launchers (gemv.int4_linear, moe.moe_decode_step): an eager decode step
 is host-bound, and the public launchers check every tensor on every call, resolve their launch plan (twice
@@ -29,9 +31,11 @@ from . import plan as _plan
 from .gemv import MAX_GRID_ROWS, check_linear
 from .gemv_dp4a import X_FLOAT, X_SWIGLU
 from .launch import run_gemv, run_grouped, run_w4a16
+from .norm import check_rms_norm, run_rms_norm
 from .quant import quant_x_rows, swiglu_quant_rows
+from .router import check_router, run_router
 
-__all__ = ["linear", "moe", "signature", "clear_caches"]
+__all__ = ["linear", "moe", "rms_norm", "router", "signature", "clear_caches"]
 
 _PREPARED: dict = {}        # signature -> what the first call with it resolved (plans, flags)
 
@@ -168,3 +172,63 @@ def moe(x, ids, w, gate_up_packed, gate_up_scales, down_packed, down_scales) -> 
     if torch.compiler.is_compiling():
         return moe_op(x, ids, w, gate_up_packed, gate_up_scales, down_packed, down_scales)
     return _moe_impl(x, ids, w, gate_up_packed, gate_up_scales, down_packed, down_scales)
+
+
+# ------------------------------------------------------------------------------------------ norm and router
+
+def _rms_norm_impl(x, weight, eps):
+    key = signature("rms_norm", x, weight)
+    if key not in _PREPARED:
+        check_rms_norm(x, weight, eps)
+        _PREPARED[key] = True
+    return run_rms_norm(x, weight, eps, torch.empty(x.shape, dtype=x.dtype, device=x.device))
+
+
+@torch.library.custom_op("int4lab::rms_norm", mutates_args=())
+def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """norm.rms_norm as one opaque op: x [R, N], weight [N] -> [R, N] in x's dtype."""
+    return _rms_norm_impl(x, weight, eps)
+
+
+@rms_norm_op.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x [R, N] (norm.py's contract), checked once per signature."""
+    if torch.compiler.is_compiling():
+        return rms_norm_op(x, weight, eps)
+    return _rms_norm_impl(x, weight, eps)
+
+
+def _router_impl(x, weight, top_k, renorm, weights_dtype):
+    key = signature("router", x, weight, extra=(top_k, renorm, weights_dtype))
+    if key not in _PREPARED:
+        check_router(x, weight, top_k, renorm, weights_dtype)
+        _PREPARED[key] = True
+    T, E, dev = x.shape[0], weight.shape[0], x.device
+    return run_router(x, weight, top_k, renorm, torch.empty(T, E, dtype=x.dtype, device=dev),
+                      torch.empty(T, top_k, dtype=weights_dtype, device=dev),
+                      torch.empty(T, top_k, dtype=torch.int64, device=dev))
+
+
+@torch.library.custom_op("int4lab::router", mutates_args=())
+def router_op(x: torch.Tensor, weight: torch.Tensor, top_k: int, renorm: bool,
+              weights_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """router.router_topk as one opaque op -> (logits [T, E], weights [T, top_k], ids int64 [T, top_k])."""
+    return _router_impl(x, weight, top_k, renorm, weights_dtype)
+
+
+@router_op.register_fake
+def _(x, weight, top_k, renorm, weights_dtype):
+    T, E = x.shape[0], weight.shape[0]
+    return (x.new_empty((T, E)), x.new_empty((T, top_k), dtype=weights_dtype),
+            x.new_empty((T, top_k), dtype=torch.int64))
+
+
+def router(x, weight, top_k: int, renorm: bool, weights_dtype: torch.dtype):
+    """router_topk's contract (router.py), checked once per signature."""
+    if torch.compiler.is_compiling():
+        return router_op(x, weight, top_k, renorm, weights_dtype)
+    return _router_impl(x, weight, top_k, renorm, weights_dtype)
