@@ -130,6 +130,10 @@ def build_group_tiles(ids: torch.Tensor, E: int, block_m: int = 16) -> GroupTile
     return route_tiles(flat.contiguous(), E, block_m)
 
 
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()    # triton.next_power_of_2, without its jit-callable's host cost
+
+
 def route_tiles(flat: torch.Tensor, E: int, block_m: int) -> GroupTiles:
     """build_group_tiles unchecked (the internal API of launch.py): flat int [L] contiguous, L <= MAX_ROUTED_ROWS,
     block_m a power of two; ids outside [0, E) land in the NaN bucket (module doc), never read back."""
@@ -138,13 +142,13 @@ def route_tiles(flat: torch.Tensor, E: int, block_m: int) -> GroupTiles:
     dev, i32 = flat.device, torch.int32
     buf = torch.empty(L + E + 3 * n_tiles, dtype=i32, device=dev)
     order, counts, row0, rows, group = torch.split(buf, [L, E, n_tiles, n_tiles, n_tiles])
-    EP = triton.next_power_of_2(E + 2)
+    EP = _pow2(E + 2)
     scratch = torch.empty(2 * EP, dtype=i32, device=dev)
     if L == 0:
         buf.zero_()
     else:
         route_tiles_kernel[(1,)](flat, order, counts, row0, rows, group, scratch, L, E, n_tiles,
-                                 LP=triton.next_power_of_2(L), EP=EP, TP=triton.next_power_of_2(n_tiles),
+                                 LP=_pow2(L), EP=EP, TP=_pow2(n_tiles),
                                  BLOCK_M=block_m, num_warps=4)
     return GroupTiles(order, counts, row0, rows, group, block_m)
 

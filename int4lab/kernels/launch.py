@@ -9,6 +9,7 @@ T = output rows, A = rows combined into one output row (MoE top-k, else 1), L = 
     run_gemv(p, x, xs, packed, ...) the same with a resolved GemvPlan: nothing left but the launch
     run_w4a16(x, packed, scales, out)   one W4A16 GEMV launch (gemv_w4a16.py)
     run_grouped(p, xq, xs, ...)     one grouped launch (dp4a or mma) with a resolved GroupedPlan
+    run_quant_rows(src, K, q, s)    quant_x_rows / swiglu_quant_rows' launch into given q, s
 
 Who checks what: `gemv.gemv_int4_b32`, `gemv.int4_linear`, `grouped.gemm_int4_b32_grouped` and the MoE steps
 check every argument, then call these. Callers of this module promise what those checks establish (dtypes,
@@ -22,7 +23,6 @@ before capturing, so the workspace is not first allocated inside the capture.
 from __future__ import annotations
 
 import torch
-import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._checks import check_contiguous, check_out, check_shape, check_tensor, interpreting
@@ -31,11 +31,18 @@ from .gemv_dp4a import PDL_TILES, X_CODES, X_FLOAT, X_SWIGLU, gemv_dp4a_kernel
 from .gemv_w4a16 import W4A16_BLOCK_K, W4A16_BLOCK_N, gemv_w4a16_kernel
 from .grouped_dp4a import grouped_dp4a_kernel
 from .grouped_mma import grouped_mma_kernel
+from .quant import quant_rows_kernel
 
-__all__ = ["WORKSPACES", "workspace", "launch_gemv", "run_gemv", "run_w4a16", "run_grouped", "X_CODES", "X_FLOAT",
-           "X_SWIGLU"]
+__all__ = ["WORKSPACES", "workspace", "launch_gemv", "run_gemv", "run_w4a16", "run_grouped", "run_quant_rows",
+           "X_CODES", "X_FLOAT", "X_SWIGLU"]
 
 WORKSPACES: dict = {}           # (device, stream) -> (float32 partials, int32 counters); module doc
+# Whether kernels run in Triton's interpreter: fixed when they were decorated (importing int4lab decides it).
+_INTERP = interpreting()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)                  # triton.cdiv is a jit-callable: several us per call on the host path
 
 
 def workspace(dev: torch.device, n_part: int, n_cnt: int):
@@ -84,16 +91,16 @@ def run_gemv(p, x, xs, packed, scales, eids, N, K, R, out, *, part=None, x_mode=
         return out
     sk = p.split_k
     A = 1 if topk_w is None else topk_w.shape[1]
-    n_tiles = triton.cdiv(N, p.block_n)
+    n_tiles = _cdiv(N, p.block_n)
     if sk * A > 1:
         ws_part, cnt = workspace(x.device, sk * R * N, (R // A) * n_tiles)
         if part is None:
             part = ws_part
     else:
         part = cnt = out
-    interp = interpreting()
+    interp = _INTERP
     grid = (R, sk, n_tiles) if row_major else (n_tiles, sk, R)
-    tiles_per_split = triton.cdiv(triton.cdiv(K, p.block_k), sk)
+    tiles_per_split = _cdiv(_cdiv(K, p.block_k), sk)
     words = x_mode == X_CODES          # codes are read 4 to a word; floats as they are
     gemv_dp4a_kernel[grid](
         x.view(torch.int32) if words else x, xs if xs is not None else x, packed.view(torch.int32), scales,
@@ -113,9 +120,9 @@ def run_w4a16(x, packed, scales, out):
     R, K = x.shape
     N = packed.shape[-2]
     if R:
-        gemv_w4a16_kernel[(triton.cdiv(N, W4A16_BLOCK_N), R)](
+        gemv_w4a16_kernel[(_cdiv(N, W4A16_BLOCK_N), R)](
             x, packed, scales, out, N, K, x.stride(0),
-            K_TILES=triton.cdiv(K, W4A16_BLOCK_K), BLOCK_N=W4A16_BLOCK_N, BLOCK_K=W4A16_BLOCK_K)
+            K_TILES=_cdiv(K, W4A16_BLOCK_K), BLOCK_N=W4A16_BLOCK_N, BLOCK_K=W4A16_BLOCK_K)
     return out
 
 
@@ -128,7 +135,7 @@ def run_grouped(p, xq, xs, packed, scales, tiles, out, *, rows_per_x=1, topk_w=N
         return out
     A = 1 if topk_w is None else topk_w.shape[1]
     sk = p.split_k
-    n_tiles = triton.cdiv(N, p.block_n)
+    n_tiles = _cdiv(N, p.block_n)
     if sk * A > 1:
         part, cnt = workspace(xq.device, sk * L * N, (L // A) * n_tiles)
     else:
@@ -137,13 +144,13 @@ def run_grouped(p, xq, xs, packed, scales, tiles, out, *, rows_per_x=1, topk_w=N
     grid = (T, sk, n_tiles) if p.tile_major else (n_tiles, sk, T)
     common = dict(SPLIT_K=sk, TOPK=A, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_K=p.block_k,
                   HAS_W=topk_w is not None, ROWS_PER_X=rows_per_x, TILE_MAJOR=p.tile_major,
-                  TILES_PER_SPLIT=triton.cdiv(triton.cdiv(K, p.block_k), sk), num_warps=p.num_warps,
+                  TILES_PER_SPLIT=_cdiv(_cdiv(K, p.block_k), sk), num_warps=p.num_warps,
                   num_stages=p.num_stages)
     if p.kind == "dp4a":
         grouped_dp4a_kernel[grid](
             xq.view(torch.int32), xs, packed.view(torch.int32), scales, tiles.order, tiles.row0, tiles.rows,
             tiles.group, out, part, cnt, tw, L, N, E, xq.stride(0) // 4, xs.stride(0), N * K // 8, K // 8,
-            N * K // 32, K // 32, USE_ASM=not interpreting(), **common)
+            N * K // 32, K // 32, USE_ASM=not _INTERP, **common)
     else:
         # TMA wants a 16-byte aligned base (K / 2 is a multiple of 16 by the format); a view that is not falls back
         # to the threads' loads, which give the same bits
@@ -151,6 +158,17 @@ def run_grouped(p, xq, xs, packed, scales, tiles, out, *, rows_per_x=1, topk_w=N
         w = TensorDescriptor.from_tensor(packed.view(E * N, K // 2), [p.block_n, p.block_k // 2]) if tma else packed
         grouped_mma_kernel[grid](
             xq, xs, w, scales, tiles.order, tiles.row0, tiles.rows, tiles.group, out, part, cnt, tw,
-            L, N, E, xq.stride(0), xs.stride(0), N * K // 2, K // 2, N * K // 32, K // 32, USE_ASM=not interpreting(),
+            L, N, E, xq.stride(0), xs.stride(0), N * K // 2, K // 2, N * K // 32, K // 32, USE_ASM=not _INTERP,
             HALF_TILES=p.half_tiles, W_TMA=tma, **common)
     return out
+
+
+def run_quant_rows(src, K: int, q, s, swiglu: bool = False):
+    """int8 codes q [R, K] and float32 scales s [R, K/32] of src [R, K] (or of silu(gate) * up of src [R, 2K]),
+    the codes of quant.quant_x_rows / swiglu_quant_rows; src rows may be strided, the last dim dense."""
+    R = src.shape[0]
+    if R:
+        bk = _plan.row_block(src.device)
+        quant_rows_kernel[(R, _cdiv(K, bk))](src, q, s, K, src.stride(0), BLOCK_K=bk, SWIGLU=swiglu,
+                                            USE_ASM=not _INTERP)
+    return q, s

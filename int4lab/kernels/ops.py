@@ -30,9 +30,8 @@ from . import grouped as _grouped
 from . import plan as _plan
 from .gemv import MAX_GRID_ROWS, check_linear
 from .gemv_dp4a import X_FLOAT, X_SWIGLU
-from .launch import run_gemv, run_grouped, run_w4a16
+from .launch import run_gemv, run_grouped, run_quant_rows, run_w4a16
 from .norm import check_rms_norm, run_rms_norm
-from .quant import quant_x_rows, swiglu_quant_rows
 from .router import check_router, run_router
 
 __all__ = ["linear", "moe", "rms_norm", "router", "signature", "clear_caches"]
@@ -138,9 +137,11 @@ def _moe_rows(x, ids, w, gu_p, gu_s, dn_p, dn_s):
                         pdl=2 if pdl else 0, row_major=rm)
     _, p_gu, p_dn = prep
     tiles = _grouped.route_tiles(ids.view(-1), gu_p.shape[0], p_gu.block_m)
-    xq, xs = quant_x_rows(x)
+    q = torch.empty(T * H + L * I, dtype=torch.int8, device=dev)           # x's codes, then SwiGLU(h)'s
+    s = torch.empty((T * H + L * I) // 32, dtype=torch.float32, device=dev)
+    xq, xs = run_quant_rows(x, H, q[:T * H].view(T, H), s[:T * H // 32].view(T, H // 32))
     run_grouped(p_gu, xq, xs, gu_p, gu_s, tiles, h, rows_per_x=A)
-    aq, as_ = swiglu_quant_rows(h)
+    aq, as_ = run_quant_rows(h, I, q[T * H:].view(L, I), s[T * H // 32:].view(L, I // 32), swiglu=True)
     return run_grouped(p_dn, aq, as_, dn_p, dn_s, tiles, out, topk_w=w)
 
 

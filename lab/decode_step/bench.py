@@ -122,7 +122,8 @@ class Run:
                     if run == "graphed" and (not _cuda() or impl == "eager"):
                         continue        # CUDA only; HF's eager experts loop reads the routing back (nonzero)
                     if run == "compiled":
-                        if not first or (not _cuda() and a.compile_backend == "inductor"):
+                        if not first or state not in a.compile_states or (not _cuda() and
+                                                                          a.compile_backend == "inductor"):
                             continue    # compiled: the first case only (a compile per shape); inductor on CUDA
                         if state == "bf16":
                             if impl == impls[0]:
@@ -221,6 +222,52 @@ class Run:
         res["per_layer_us"] = {k: v / span for k, v in pl.items()}
         return res
 
+    def host(self, calls: int = 200) -> dict:
+        """Host time per call of one layer's projection and MoE step at batch 1: the public launchers (every
+        argument checked, the ids read back) against the modules' entry (kernels.ops), and the bf16 modules they
+        replace; wall time of `calls` calls back to back, the queue drained once at the end."""
+        import torch.nn.functional as F
+
+        from int4lab.kernels import int4_linear, moe_decode_step, ops
+        from int4lab.quantize.layout import attention, decoder_layers, experts_of, moe_block
+        arch, dev = self.arch, self.dev
+        q_lay, b_lay = (decoder_layers(self.models[s])[0] for s in ("int4", "bf16"))
+        lin, ex = attention(q_lay, arch).q_proj, experts_of(q_lay, arch)
+        blin, bex = attention(b_lay, arch).q_proj, experts_of(b_lay, arch)
+        H = lin.in_features
+        x = torch.randn(1, H, device=dev, dtype=torch.bfloat16)
+        with torch.no_grad():
+            _, w, ids = moe_block(b_lay, arch).gate(x)
+        wf = w.float()
+
+        def per_call(fn):
+            for _ in range(20):
+                fn()
+            S._sync(dev)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            S._sync(dev)
+            return (time.perf_counter() - t0) / calls * 1e6
+        out = {"calls": calls, "us": {}}
+        with torch.no_grad():
+            cases = {"int4 linear, public int4_linear": lambda: int4_linear(x, lin.packed, lin.scales),
+                     "int4 linear, module entry ops.linear": lambda: ops.linear(x, lin.packed, lin.scales, lin.act),
+                     "int4 moe, public moe_decode_step": lambda: moe_decode_step(
+                         x, ids, wf, ex.gate_up_packed, ex.gate_up_scales, ex.down_packed, ex.down_scales),
+                     "int4 moe, module entry ops.moe": lambda: ops.moe(
+                         x, ids, w, ex.gate_up_packed, ex.gate_up_scales, ex.down_packed, ex.down_scales),
+                     "bf16 linear, F.linear": lambda: F.linear(x, blin.weight)}
+            for k, fn in cases.items():
+                out["us"][k] = per_call(fn)
+            for impl in self.rec["experts_impls"]:
+                M.set_experts_impl(self.models["bf16"], impl)
+                out["us"][f"bf16 experts, {impl}"] = per_call(lambda: bex(x, ids, w))
+        for k, v in out["us"].items():
+            self.log(f"  host {k:42s} {v:8.1f} us per call")
+        self.rec["host"] = out
+        return out
+
     def greedy(self):
         a = self.args
         g = torch.Generator().manual_seed(a.seed)
@@ -247,20 +294,26 @@ class Run:
         cases = [(b, c) for b in a.batches for c in a.contexts]
         cases.sort(key=lambda bc: (bc != (a.batches[0], a.contexts[0]), bc[1], bc[0]))  # the first case first
         for i, (b, c) in enumerate(cases):
-            for state, impl, run in self.modes(b, c, first=i == 0):
-                impl = self.best_impl() if impl == "best" else impl
-                need = a.compile_reserve_s if run == "compiled" else 5.0
+            modes = self.modes(b, c, first=i == 0)
+            # the first case: every uncompiled run, its floors, the greedy check and the breakdown before the
+            # compiled runs (a compile takes tens of seconds; what the targets need comes first)
+            for state, impl, run in [m for m in modes if m[2] != "compiled"]:
                 self.part(f"time {state} {impl or '-'} {run} B{b} C{c}",
-                          lambda: self.time_mode(state, impl, run, b, c), need)
+                          lambda: self.time_mode(state, impl, run, b, c), 5.0)
             self.part(f"floors B{b} C{c}", lambda: self.floors(b, c), 5.0)
             if i == 0:
                 if "int4" in self.models:
                     self.part("greedy", self.greedy, 10.0)
+                    self.part("host", self.host, 10.0)
                 if _cuda() and a.breakdown:
                     for state in self.rec["states"]:
                         impl = self.best_impl() if state == "bf16" else None
                         self.part(f"breakdown {state} {impl or '-'} B{b} C{c}",
                                   lambda: self.breakdown(state, impl, b, c), 15.0)
+            for state, impl, run in [m for m in modes if m[2] == "compiled"]:
+                impl = self.best_impl() if impl == "best" else impl
+                self.part(f"time {state} {impl or '-'} {run} B{b} C{c}",
+                          lambda: self.time_mode(state, impl, run, b, c), a.compile_reserve_s)
             self.rec["summary"] = summarise(self.rec)
         self.rec["summary"] = summarise(self.rec)
         self.models.clear()

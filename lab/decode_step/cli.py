@@ -59,6 +59,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompt", type=int, default=16, help="prompt tokens before the greedy steps")
     ap.add_argument("--breakdown", action=argparse.BooleanOptionalAction, default=True,
                     help="profile the graphed step of batch 1 at the first context by category")
+    ap.add_argument("--compile-states", nargs="+", choices=bench.STATES, default=["bf16", "int4"],
+                    help="states measured compiled (batch 1, the first context)")
     ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled run")
     ap.add_argument("--compile-reserve-s", type=float, default=60.0,
                     help="budget a compiled run needs left before it starts")
