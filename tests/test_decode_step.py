@@ -116,8 +116,8 @@ def test_default_receipt_goes_to_runs_and_keeps_other_archs(monkeypatch, tmp_pat
     assert not (tmp_path / "runs").exists()
 
     class Fake:
-        def __init__(self, arch, args, save, log, deadline):
-            self.rec = {"arch": arch, "greedy": {"equal": True}}
+        def __init__(self, arch, args, save, log, deadline, prior=None):
+            self.rec = {"arch": arch, "greedy": {"equal": True}, "prior": prior is not None}
 
         def run(self):
             return self.rec
@@ -127,3 +127,16 @@ def test_default_receipt_goes_to_runs_and_keeps_other_archs(monkeypatch, tmp_pat
     assert set(json.loads(out.read_text())["archs"]) == {"olmoe"}
     assert cli.main(["--arch", "mixtral"]) == 0                                   # a second call adds its arch
     assert set(json.loads(out.read_text())["archs"]) == {"olmoe", "mixtral"}
+    assert cli.main(["--arch", "olmoe"]) == 0                                     # and hands a measured one its past
+    assert json.loads(out.read_text())["archs"]["olmoe"]["prior"] is True
+
+
+def test_a_split_run_keeps_the_earlier_calls_rows():
+    args = cli.parser().parse_args(["--width", "tiny"])
+    prior = {"width": "tiny", "depths": [1, 2], "rows": [{"state": "bf16", "run": "graphed"}], "greedy": {"x": 1},
+             "errors": {"old": 1}}
+    r = bench.Run("olmoe", args, lambda: None, print, 0.0, prior=prior)
+    assert r.rec["rows"] == prior["rows"] and r.rec["greedy"] == {"x": 1} and r.rec["errors"] == {}
+    other = bench.Run("olmoe", cli.parser().parse_args(["--width", "tiny", "--layers", "1", "3"]), lambda: None,
+                      print, 0.0, prior=prior)
+    assert other.rec["rows"] == [] and "greedy" not in other.rec                  # other depths: a fresh record

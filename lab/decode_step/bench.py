@@ -31,6 +31,7 @@ from . import step as S
 
 STATES = ("bf16", "int4", "int4_fused")
 RUNS = ("eager", "graphed", "compiled")
+PARTS = ("times", "floors", "greedy", "host", "breakdown")
 
 
 def _cuda() -> bool:
@@ -62,12 +63,16 @@ def extrapolate(step_us: dict, full_layers: int, batch: int) -> dict:
 class Run:
     """One architecture's measurements; `rec` is its part of the receipt, `save()` rewrites the receipt."""
 
-    def __init__(self, arch, args, save, log, deadline):
+    def __init__(self, arch, args, save, log, deadline, prior: dict | None = None):
+        """prior: this architecture's record from an earlier call on the same receipt (same width and depths):
+        its rows and parts are kept unless this call measures them again (a run split across calls)."""
         self.arch, self.args, self.save, self.log, self.deadline = arch, args, save, log, deadline
         self.dev = "cuda" if _cuda() else "cpu"
-        self.rec = {"arch": arch, "width": args.width, "depths": list(args.layers), "full_layers": FULL_LAYERS[arch],
-                    "config": config_fields(arch, max(args.layers), args.width), "rows": [], "bytes": {},
-                    "floors": {}, "breakdown": [], "errors": {}, "skipped": []}
+        fresh = {"arch": arch, "width": args.width, "depths": list(args.layers), "full_layers": FULL_LAYERS[arch],
+                 "config": config_fields(arch, max(args.layers), args.width), "rows": [], "bytes": {},
+                 "floors": {}, "breakdown": [], "errors": {}, "skipped": []}
+        keep = prior and prior.get("width") == args.width and prior.get("depths") == list(args.layers)
+        self.rec = {**fresh, **{k: v for k, v in prior.items() if k not in ("errors", "skipped")}} if keep else fresh
         self.models: dict = {}
 
     # -------------------------------------------------------------------------------- plumbing
@@ -145,7 +150,9 @@ class Run:
         if impl is not None:
             M.set_experts_impl(model, impl)
         row = {"state": state, "impl": impl, "run": run, "batch": batch, "context": context, "step_us": {}}
-        self.rec["rows"].append(row)
+        key = (state, impl, run, batch, context)
+        self.rec["rows"] = [r for r in self.rec["rows"] if (r["state"], r["impl"], r["run"], r["batch"],
+                                                             r["context"]) != key] + [row]
         ctx = S.compiled_layers(model, a.compile_backend) if run == "compiled" else _null()
         with ctx:
             for d in a.layers:
@@ -196,7 +203,7 @@ class Run:
         if impl is not None:
             M.set_experts_impl(model, impl)
         res = {"state": state, "impl": impl, "batch": batch, "context": context, "depths": {}}
-        self.rec["breakdown"].append(res)
+        self.rec["breakdown"] = [r for r in self.rec["breakdown"] if r["state"] != state] + [res]
         for d in (min(self.args.layers), max(self.args.layers)):
             with M.depth(model, d), torch.no_grad():
                 st = S.Stepper(model, batch, context)
@@ -297,20 +304,22 @@ class Run:
             modes = self.modes(b, c, first=i == 0)
             # the first case: every uncompiled run, its floors, the greedy check and the breakdown before the
             # compiled runs (a compile takes tens of seconds; what the targets need comes first)
-            for state, impl, run in [m for m in modes if m[2] != "compiled"]:
+            for state, impl, run in [m for m in modes if m[2] != "compiled" and "times" in a.parts]:
                 self.part(f"time {state} {impl or '-'} {run} B{b} C{c}",
                           lambda: self.time_mode(state, impl, run, b, c), 5.0)
-            self.part(f"floors B{b} C{c}", lambda: self.floors(b, c), 5.0)
+            if "floors" in a.parts:
+                self.part(f"floors B{b} C{c}", lambda: self.floors(b, c), 5.0)
             if i == 0:
-                if "int4" in self.models:
+                if "int4" in self.models and "greedy" in a.parts:
                     self.part("greedy", self.greedy, 10.0)
+                if "int4" in self.models and "host" in a.parts and _cuda():
                     self.part("host", self.host, 10.0)
-                if _cuda() and a.breakdown:
+                if _cuda() and "breakdown" in a.parts:
                     for state in self.rec["states"]:
                         impl = self.best_impl() if state == "bf16" else None
                         self.part(f"breakdown {state} {impl or '-'} B{b} C{c}",
                                   lambda: self.breakdown(state, impl, b, c), 15.0)
-            for state, impl, run in [m for m in modes if m[2] == "compiled"]:
+            for state, impl, run in [m for m in modes if m[2] == "compiled" and "times" in a.parts]:
                 impl = self.best_impl() if impl == "best" else impl
                 self.part(f"time {state} {impl or '-'} {run} B{b} C{c}",
                           lambda: self.time_mode(state, impl, run, b, c), a.compile_reserve_s)

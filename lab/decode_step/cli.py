@@ -1,8 +1,10 @@
 """python -m lab.decode_step: the decode-step receipt (see bench.py for what is measured).
 
 The receipt goes to runs/decode_step_<card>.json unless --out names another path (data/receipts/ for one the
-chapter reads). An existing receipt at that path keeps the architectures this run does not measure, so a long
-run can be split across calls (--arch olmoe qwen3_moe, then --arch mixtral).
+chapter reads). An existing receipt at that path keeps what this call does not measure (other architectures, and
+within one the rows and parts of other runs), so a long run can be split across calls, e.g.
+    python -m lab.decode_step --runs eager graphed --out R.json           # everything but the compiles
+    python -m lab.decode_step --runs compiled --parts times --out R.json  # then the compiled rows
 """
 from __future__ import annotations
 
@@ -57,8 +59,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--floor-replays", type=int, default=10)
     ap.add_argument("--greedy-steps", type=int, default=64, help="greedy tokens compared, eager against graphed int4")
     ap.add_argument("--prompt", type=int, default=16, help="prompt tokens before the greedy steps")
-    ap.add_argument("--breakdown", action=argparse.BooleanOptionalAction, default=True,
-                    help="profile the graphed step of batch 1 at the first context by category")
+    ap.add_argument("--parts", nargs="+", choices=bench.PARTS, default=list(bench.PARTS),
+                    help="what to measure: step times, floors, the greedy check, host cost per call, the breakdown "
+                         "(profile of the graphed step of batch 1 at the first context); an earlier call's parts "
+                         "stay in the receipt")
     ap.add_argument("--compile-states", nargs="+", choices=bench.STATES, default=["bf16", "int4"],
                     help="states measured compiled (batch 1, the first context)")
     ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled run")
@@ -104,7 +108,7 @@ def main(argv=None) -> int:
 
     ok = True
     for arch in [a for a in ORDER if a in args.arch]:
-        r = bench.Run(arch, args, save, log, deadline)
+        r = bench.Run(arch, args, save, log, deadline, prior=prior.get(arch))
         archs[arch] = r.rec
         r.run()
         save()
