@@ -4,6 +4,7 @@
 Shape legend: R = rows, N = normalised features, T = tokens, H = hidden, E = experts, A = top-k.
 Tiny awkward shapes: on a CPU machine the kernels run in Triton's interpreter; on CUDA the same tests run there.
 """
+import contextlib
 import copy
 
 import pytest
@@ -87,38 +88,45 @@ def test_custom_ops_of_norm_and_router_pass_opcheck(device):
 ARCHS = ("mixtral", "olmoe", "qwen3_moe")
 
 
-def quantised(arch, dtype=torch.bfloat16):
+def quantised(arch, device="cpu", dtype=torch.bfloat16):
     from test_quantize import tiny_model
-    m, _ = Q.quantize_model(tiny_model(arch, dtype=dtype), "rtn", "experts+attn", progress=False)
+    m, _ = Q.quantize_model(tiny_model(arch, dtype=dtype).to(device), "rtn", "experts+attn", progress=False)
     return m
 
 
+def kernels(model, device):
+    """The kernels for this device's tensors: CUDA takes them by default, a CPU through the interpreter."""
+    return Q.kernels_on_cpu(model, True) if device == "cpu" else contextlib.nullcontext()
+
+
 @pytest.mark.parametrize("arch", ARCHS)
-def test_fuse_decode_replaces_the_pieces_and_keeps_the_logits(arch):
-    m = quantised(arch)
+def test_fuse_decode_replaces_the_pieces_and_keeps_the_logits(device, arch):
+    m = quantised(arch, device)
     f = Q.fuse_decode(copy.deepcopy(m))
     lay = f.model.layers[0]
     assert f.int4_fused == {"qkv": 2, "router": 2, "norms": f.int4_fused["norms"], "left": []}
     assert f.int4_fused["norms"] == (5 if arch == "mixtral" else 9)        # 2 per layer (+ q/k norms) + the final
     assert isinstance(lay.mlp.gate, Q.FusedRouter) and isinstance(lay.input_layernorm, Q.FusedRMSNorm)
     assert lay.self_attn.q_proj.qkv is lay.self_attn.k_proj.qkv is lay.self_attn.qkv_proj
-    ids = torch.randint(0, 256, (2, 5))
+    ids = torch.randint(0, 256, (2, 5), device=device)
     with torch.no_grad():
-        assert torch.equal(m(ids).logits, f(ids).logits)                   # the torch arithmetic, unchanged
-        with Q.kernels_on_cpu(m), Q.kernels_on_cpu(f):                      # the kernels (interpreter on a CPU)
+        with Q.kernels_on_cpu(m, False), Q.kernels_on_cpu(f, False):        # the torch arithmetic, unchanged
+            r, rf = m(ids).logits, f(ids).logits                            # (q/k/v in one matmul: on CUDA
+        assert (r - rf).abs().max() <= 2 * 2 ** -8 * r.abs().max()          # another GEMM algorithm may round)
+        with kernels(m, device), kernels(f, device):                        # the kernels (interpreter on a CPU)
             a, b = m(ids).logits, f(ids).logits
     assert (a - b).abs().max() <= 2 * 2 ** -8 * a.abs().max()               # bf16 roundings of the fused pieces
 
 
-def test_fused_model_generates_with_a_static_cache_and_compiles():
+def test_fused_model_generates_with_a_static_cache_and_compiles(device):
     """A drop-in: generate with a static cache gives the unfused model's tokens; torch.compile sees one op per
     fused piece and gives the eager logits."""
     import torch._dynamo
-    m = quantised("qwen3_moe")
+    m = quantised("qwen3_moe", device)
     f = Q.fuse_decode(copy.deepcopy(m))
-    ids = torch.randint(0, 256, (1, 4))
+    ids = torch.randint(0, 256, (1, 4), device=device)
     kw = dict(max_new_tokens=3, min_new_tokens=3, do_sample=False, cache_implementation="static")
-    with torch.no_grad():
+    with torch.no_grad(), Q.kernels_on_cpu(m, False), Q.kernels_on_cpu(f, False):
         assert torch.equal(m.generate(ids, **kw), f.generate(ids, **kw))
     seen = []
 
@@ -126,7 +134,7 @@ def test_fused_model_generates_with_a_static_cache_and_compiles():
         seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
         return gm.forward
     torch._dynamo.reset()
-    with Q.kernels_on_cpu(f), torch.no_grad():
+    with kernels(f, device), torch.no_grad():
         eager = f(ids).logits
         compiled = torch.compile(f, backend=recording)(ids).logits
     assert torch.equal(eager, compiled)
