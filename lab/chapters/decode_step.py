@@ -130,7 +130,9 @@ def case_table(arch_rec: dict) -> list[dict]:
 
 TARGETS = (("int4 graphed layer <= 2x its read floor", "int4_graphed_over_floor", "<=", 2.0),
            ("int4 graphed layer <= 3x its read floor (milestone)", "int4_graphed_over_floor", "<=", 3.0),
-           ("int4 graphed tokens/s >= 3x the best bf16, batch 1", "int4_over_best_bf16_tokens_per_s", ">=", 3.0),
+           ("int4 graphed tokens/s >= 3x the best bf16, batch 1", "int4_graphed_over_best_bf16_tokens_per_s", ">=",
+            3.0),
+           ("int4 at its best (graphed or compiled) >= 3x the best bf16", "int4_over_best_bf16_tokens_per_s", ">=", 3.0),
            ("int4 eager layer <= bf16 eager layer (default experts impl)", "int4_eager_over_default_bf16_eager", "<=",
             1.0))
 

@@ -378,9 +378,11 @@ def summarise(rec: dict) -> dict:
                 s[f"{state}_floor_us"] = fl["us"]
                 s[f"{state}_graphed_over_floor"] = g["per_layer_us"] / fl["us"]
             if bf and state != "bf16":
-                q = best(state, fast)
+                q, qg = best(state, fast), best(state, ("graphed",))
                 if q:
                     s[f"{state}_over_best_bf16_tokens_per_s"] = q["tokens_per_s"] / bf["tokens_per_s"]
+                if qg:
+                    s[f"{state}_graphed_over_best_bf16_tokens_per_s"] = qg["tokens_per_s"] / bf["tokens_per_s"]
         if bf:
             s["best_bf16"] = {"impl": bf["impl"], "run": bf["run"], "per_layer_us": bf["per_layer_us"],
                               "tokens_per_s": bf["tokens_per_s"]}

@@ -5,6 +5,7 @@ chapter reads). An existing receipt at that path keeps what this call does not m
 within one the rows and parts of other runs), so a long run can be split across calls, e.g.
     python -m lab.decode_step --runs eager graphed --out R.json           # everything but the compiles
     python -m lab.decode_step --runs compiled --parts times --out R.json  # then the compiled rows
+(--prior names the earlier receipt when it lies elsewhere than --out.)
 """
 from __future__ import annotations
 
@@ -71,6 +72,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--budget-s", type=float, default=420.0, help="wall-clock budget; parts past it are skipped")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="receipt path (default runs/decode_step_<card>.json)")
+    ap.add_argument("--prior", default=None,
+                    help="an earlier call's receipt to continue from (default: --out when it exists)")
     return ap
 
 
@@ -93,14 +96,15 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else ROOT / "runs" / f"decode_step_{card()}.json"
     t0 = time.time()
     deadline = t0 + args.budget_s
-    prior = json.loads(out.read_text()).get("archs", {}) if out.exists() else {}
+    src = Path(args.prior) if args.prior else out
+    prior = json.loads(src.read_text()).get("archs", {}) if src.exists() else {}
     archs = dict(prior)
     import transformers
     command = portable_command(" ".join(["python -m lab.decode_step"] + (argv if argv is not None else sys.argv[1:])))
 
     def save():
         write_receipt(out, {"kind": "decode_step", "card": card(), "transformers": transformers.__version__,
-                            "settings": {k: v for k, v in vars(args).items() if k != "out"},
+                            "settings": {k: v for k, v in vars(args).items() if k not in ("out", "prior")},
                             "seconds": time.time() - t0, "archs": archs}, command=command)
 
     def log(msg):
