@@ -97,15 +97,17 @@ def main(argv=None) -> int:
     t0 = time.time()
     deadline = t0 + args.budget_s
     src = Path(args.prior) if args.prior else out
-    prior = json.loads(src.read_text()).get("archs", {}) if src.exists() else {}
+    before = json.loads(src.read_text()) if src.exists() else {}
+    prior = before.get("archs", {})
     archs = dict(prior)
     import transformers
     command = portable_command(" ".join(["python -m lab.decode_step"] + (argv if argv is not None else sys.argv[1:])))
 
     def save():
+        this = {"command": command, "settings": {k: v for k, v in vars(args).items() if k not in ("out", "prior")},
+                "seconds": time.time() - t0}
         write_receipt(out, {"kind": "decode_step", "card": card(), "transformers": transformers.__version__,
-                            "settings": {k: v for k, v in vars(args).items() if k not in ("out", "prior")},
-                            "seconds": time.time() - t0, "archs": archs}, command=command)
+                            **this, "calls": before.get("calls", []) + [this], "archs": archs}, command=command)
 
     def log(msg):
         print(f"[{time.time() - t0:6.1f} s] {msg}", flush=True)
