@@ -7,10 +7,13 @@ What is checked where in the launchers:
   * dtypes, ranks, shapes, K % 32, devices, contiguity: always (host metadata only, no device sync).
   * expert ids in [0, E): eagerly, by reading the ids back (one device sync on CUDA). While a CUDA graph
     is being captured a read-back is illegal, so the check is skipped; the kernels then guard on the
-    device instead: a row whose id is outside [0, E) reads no expert memory and comes out as NaN.
+    device instead: a row whose id is outside [0, E) reads no expert memory and comes out as NaN. The
+    quantised modules' hot path (kernels/ops.py) skips it too (`ids_unread`): a sync per MoE call would
+    stall eager decoding, and the guard gives the same NaN rows.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -108,11 +111,26 @@ def check_rows_contiguous(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")
 
 
+_ID_VALUES = [True]     # False inside `ids_unread()`
+
+
+@contextlib.contextmanager
+def ids_unread():
+    """Inside this block check_ids checks the dtype only: the callers that validate once per argument signature
+    (kernels/ops.py, the modules' hot path) never read ids back, as under capture (module doc)."""
+    _ID_VALUES.append(False)
+    try:
+        yield
+    finally:
+        _ID_VALUES.pop()
+
+
 def check_ids(name: str, ids: torch.Tensor, E: int) -> None:
-    """ids integer, all in [0, E); the value check is skipped during CUDA-graph capture (module doc)."""
+    """ids integer, all in [0, E); the value check is skipped during CUDA-graph capture and inside
+    `ids_unread()` (module doc)."""
     if ids.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{name} must have dtype int32 or int64, got {str(ids.dtype).replace('torch.', '')}")
-    if capturing() or ids.numel() == 0:
+    if not _ID_VALUES[-1] or capturing() or ids.numel() == 0:
         return
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= E:

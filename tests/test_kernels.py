@@ -19,7 +19,9 @@ from int4lab.kernels import (build_group_tiles, combine_rows, gemm_int4_b32_grou
                              reduce_partials, swiglu_quant_rows)
 from int4lab import _checks as _validate
 from int4lab.kernels import gemv as gemv_mod
-from int4lab.kernels.gemv import X_FLOAT, X_SWIGLU, _launch_gemv, gemv_ref
+from int4lab.kernels.gemv import X_FLOAT, X_SWIGLU, gemv_ref
+from int4lab.kernels import launch as launch_mod
+from int4lab.kernels.launch import launch_gemv
 from int4lab.kernels.moe import moe_decode_ref
 from int4lab.kernels import plan as plan_mod
 from int4lab.kernels.grouped import MAX_ROUTED_ROWS, build_group_tiles_ref, grouped_ref
@@ -43,7 +45,7 @@ def assert_same_bits(a, b, cuda_ulps=1):
 
 
 def counters_all_zero():
-    return all(int(c.abs().sum()) == 0 for _, c in gemv_mod._WORKSPACES.values())
+    return all(int(c.abs().sum()) == 0 for _, c in launch_mod.WORKSPACES.values())
 
 
 def assert_close_bf16(out, ref):
@@ -153,7 +155,7 @@ def test_gemv_bad_id_guard_gives_nan(device):
     packed, scales = pack(E, N, K, device)
     xq, xs = quant_x_rows(torch.randn(3, K).to(device))
     eids = torch.tensor([1, 7, -1], dtype=torch.int32, device=device)
-    out = _launch_gemv(xq, xs, packed, scales, eids, N, K, 3)
+    out = launch_gemv(xq, xs, packed, scales, eids, N, K, 3)
     assert not out[0].isnan().any() and out[1:].isnan().all()
 
 
@@ -170,14 +172,14 @@ def test_fused_prologues_equal_separate_kernels(device, split_k, plan):
     packed, scales = pack(E, N, K, device)
     eids = torch.tensor([2, 0, 2, 1], dtype=torch.int32, device=device)
     x = (torch.randn(2, K) * 3).bfloat16().to(device)
-    fused = _launch_gemv(x, None, packed, scales, eids, N, K, 4, split_k=split_k, x_mode=X_FLOAT, rows_per_x=2,
+    fused = launch_gemv(x, None, packed, scales, eids, N, K, 4, split_k=split_k, x_mode=X_FLOAT, rows_per_x=2,
                          plan=plan)
     xq, xs = quant_x_rows(x)
     sep = gemv_int4_b32(xq.repeat_interleave(2, 0), xs.repeat_interleave(2, 0), packed, scales, eids, N, K,
                         split_k=split_k, plan=plan)
     assert_same_bits(fused, sep)
     h = (torch.randn(4, 2 * K) * 2).bfloat16().to(device)
-    fused = _launch_gemv(h, None, packed, scales, eids, N, K, 4, split_k=split_k, x_mode=X_SWIGLU, plan=plan)
+    fused = launch_gemv(h, None, packed, scales, eids, N, K, 4, split_k=split_k, x_mode=X_SWIGLU, plan=plan)
     aq, as_ = swiglu_quant_rows(h)
     sep = gemv_int4_b32(aq, as_, packed, scales, eids, N, K, split_k=split_k, plan=plan)
     assert_same_bits(fused, sep)
@@ -212,9 +214,9 @@ def test_fused_combine_equals_combine_rows(device, split_k):
     eids = torch.tensor([3, 0, 1, 1, 2, 0], dtype=torch.int32, device=device)
     tw = torch.rand(T, A).to(device)
     out = poison(torch.empty(T, N, dtype=torch.bfloat16, device=device))
-    fused = _launch_gemv(h, None, packed, scales, eids, N, K, T * A, x_mode=X_SWIGLU, topk_w=tw, out=out,
+    fused = launch_gemv(h, None, packed, scales, eids, N, K, T * A, x_mode=X_SWIGLU, topk_w=tw, out=out,
                          split_k=split_k, plan=DP4A_PLAN)
-    rows = _launch_gemv(h, None, packed, scales, eids, N, K, T * A, x_mode=X_SWIGLU, split_k=split_k,
+    rows = launch_gemv(h, None, packed, scales, eids, N, K, T * A, x_mode=X_SWIGLU, split_k=split_k,
                         plan=DP4A_PLAN)
     ref = combine_rows(rows, tw)
     if split_k == 1:
@@ -565,7 +567,7 @@ def test_routed_gemv_row_major_grid_same_bits(device, split_k, x_mode):
     tw = torch.softmax(torch.randn(R // A, A), -1).to(device) if x_mode == X_SWIGLU else None
     nw = 1 if device == "cpu" else 4
     plan = GemvPlan(block_n=16, block_k=128, num_warps=nw, num_stages=1, waves=1.0)
-    outs = [_launch_gemv(x, None, packed, scales, ids, N, K, R, x_mode=x_mode, topk_w=tw, split_k=split_k,
+    outs = [launch_gemv(x, None, packed, scales, ids, N, K, R, x_mode=x_mode, topk_w=tw, split_k=split_k,
                          plan=plan, row_major=rm) for rm in (False, True)]
     assert outs[0].shape == ((R // A, N) if tw is not None else (R, N))
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))

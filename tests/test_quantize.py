@@ -134,9 +134,9 @@ def test_int4_experts_kernel_path_chunks_a_full_forward(monkeypatch):
     whole = q(x, idx, wts)
     monkeypatch.setattr(G, "MAX_ROUTED_ROWS", 4)        # 2 tokens of top-2 per chunk: chunks of 2, 2, 1
     calls = []
-    import int4lab.kernels as K
-    real = K.moe_decode_step
-    monkeypatch.setattr(K, "moe_decode_step", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
+    import int4lab.kernels.ops as ops
+    real = ops._moe_rows
+    monkeypatch.setattr(ops, "_moe_rows", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
     chunked = q(x, idx, wts)
     assert calls == [2, 2, 1]
     assert torch.equal(chunked, whole)

@@ -37,14 +37,11 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._checks import (check_contiguous, check_devices, check_ids, check_out, check_packed, check_rows_contiguous,
-                       check_shape, check_tensor, interpreting)
+                       check_shape, check_tensor)
 from . import plan as _plan
-from .gemv import _workspace
-from .grouped_dp4a import grouped_dp4a_kernel
-from .grouped_mma import grouped_mma_kernel
+from .launch import run_grouped
 
 MAX_ROUTED_ROWS = 8192          # one program sorts the rows: decode batches, not prefill
 
@@ -130,16 +127,28 @@ def build_group_tiles(ids: torch.Tensor, E: int, block_m: int = 16) -> GroupTile
     flat, L, n_tiles = _route_args(ids, E, block_m)
     if L > MAX_ROUTED_ROWS:
         raise ValueError(f"ids must hold at most {MAX_ROUTED_ROWS} routed rows (a decode batch), got {L}")
-    dev, i32 = ids.device, torch.int32
+    return route_tiles(flat.contiguous(), E, block_m)
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()    # triton.next_power_of_2, without its jit-callable's host cost
+
+
+def route_tiles(flat: torch.Tensor, E: int, block_m: int) -> GroupTiles:
+    """build_group_tiles unchecked (the internal API of launch.py): flat int [L] contiguous, L <= MAX_ROUTED_ROWS,
+    block_m a power of two; ids outside [0, E) land in the NaN bucket (module doc), never read back."""
+    L = flat.numel()
+    n_tiles = -(-L // block_m) + E
+    dev, i32 = flat.device, torch.int32
     buf = torch.empty(L + E + 3 * n_tiles, dtype=i32, device=dev)
     order, counts, row0, rows, group = torch.split(buf, [L, E, n_tiles, n_tiles, n_tiles])
-    EP = triton.next_power_of_2(E + 2)
+    EP = _pow2(E + 2)
     scratch = torch.empty(2 * EP, dtype=i32, device=dev)
     if L == 0:
         buf.zero_()
     else:
-        route_tiles_kernel[(1,)](flat.contiguous(), order, counts, row0, rows, group, scratch, L, E, n_tiles,
-                                 LP=triton.next_power_of_2(L), EP=EP, TP=triton.next_power_of_2(n_tiles),
+        route_tiles_kernel[(1,)](flat, order, counts, row0, rows, group, scratch, L, E, n_tiles,
+                                 LP=_pow2(L), EP=EP, TP=_pow2(n_tiles),
                                  BLOCK_M=block_m, num_warps=4)
     return GroupTiles(order, counts, row0, rows, group, block_m)
 
@@ -212,36 +221,7 @@ def gemm_int4_b32_grouped(xq, xs, packed, scales, tiles: GroupTiles, *, rows_per
          else _plan.grouped_plan(N, K, L, E, dev, split_k, block_m=tiles.block_m))
     if p.block_m != tiles.block_m:
         raise ValueError(f"plan.block_m ({p.block_m}) must equal tiles.block_m ({tiles.block_m})")
-    T = tiles.row0.shape[0]
-    if L == 0 or T == 0:
-        return out
-    sk = p.split_k
-    n_tiles = triton.cdiv(N, p.block_n)
-    if sk * A > 1:
-        part, cnt = _workspace(dev, sk * L * N, (L // A) * n_tiles)
-    else:
-        part = cnt = out
-    tw = topk_w if topk_w is not None else out
-    grid = (T, sk, n_tiles) if p.tile_major else (n_tiles, sk, T)
-    common = dict(SPLIT_K=sk, TOPK=A, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_K=p.block_k,
-                  HAS_W=topk_w is not None, ROWS_PER_X=rows_per_x, TILE_MAJOR=p.tile_major,
-                  TILES_PER_SPLIT=triton.cdiv(triton.cdiv(K, p.block_k), sk), num_warps=p.num_warps,
-                  num_stages=p.num_stages)
-    if p.kind == "dp4a":
-        grouped_dp4a_kernel[grid](
-            xq.view(torch.int32), xs, packed.view(torch.int32), scales, tiles.order, tiles.row0, tiles.rows,
-            tiles.group, out, part, cnt, tw, L, N, E, xq.stride(0) // 4, xs.stride(0), N * K // 8, K // 8,
-            N * K // 32, K // 32, USE_ASM=not interpreting(), **common)
-    else:
-        # TMA wants a 16-byte aligned base (K / 2 is a multiple of 16 by the format); a view that is not falls back
-        # to the threads' loads, which give the same bits
-        tma = p.tma and packed.data_ptr() % 16 == 0
-        w = TensorDescriptor.from_tensor(packed.view(E * N, K // 2), [p.block_n, p.block_k // 2]) if tma else packed
-        grouped_mma_kernel[grid](
-            xq, xs, w, scales, tiles.order, tiles.row0, tiles.rows, tiles.group, out, part, cnt, tw,
-            L, N, E, xq.stride(0), xs.stride(0), N * K // 2, K // 2, N * K // 32, K // 32, USE_ASM=not interpreting(),
-            HALF_TILES=p.half_tiles, W_TMA=tma, **common)
-    return out
+    return run_grouped(p, xq, xs, packed, scales, tiles, out, rows_per_x=rows_per_x, topk_w=topk_w)
 
 
 def grouped_ref(xq, xs, packed, scales, ids, N, K, rows_per_x: int = 1) -> torch.Tensor:

@@ -37,8 +37,9 @@ from .._checks import (FLOAT_DTYPES, check_contiguous, check_devices, check_ids,
                        check_shape, check_tensor)
 from . import plan as _plan
 from .epilogue import to_bf16_rne
-from .gemv import X_FLOAT, X_SWIGLU, _launch_gemv
+from .gemv import X_FLOAT, X_SWIGLU
 from .grouped import build_group_tiles, gemm_int4_b32_grouped
+from .launch import launch_gemv
 from .quant import quant_x_rows, swiglu_quant_rows
 
 
@@ -150,11 +151,11 @@ def moe_decode_routed(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_
     rm = T > 1
     pdl = _plan.moe_pdl(dev, H * I) if pdl is None else bool(pdl)
     # gate_up: row r = t*A + j reads token t (r // A), quantised in the GEMV's prologue.
-    h = _launch_gemv(x, None, gate_up_packed, gate_up_scales, eids, 2 * I, H, L, x_mode=X_FLOAT, rows_per_x=A,
-                     split_k=split_k, plan=plan, pdl=1 if pdl else 0, row_major=rm)
+    h = launch_gemv(x, None, gate_up_packed, gate_up_scales, eids, 2 * I, H, L, x_mode=X_FLOAT, rows_per_x=A,
+                    split_k=split_k, plan=plan, pdl=1 if pdl else 0, row_major=rm)
     # down: SwiGLU + quantisation of h in the prologue; the combine in the last-arriving program's epilogue.
-    return _launch_gemv(h, None, down_packed, down_scales, eids, H, I, L, x_mode=X_SWIGLU, topk_w=topk_w,
-                        split_k=split_k, plan=plan, pdl=2 if pdl else 0, row_major=rm)
+    return launch_gemv(h, None, down_packed, down_scales, eids, H, I, L, x_mode=X_SWIGLU, topk_w=topk_w,
+                       split_k=split_k, plan=plan, pdl=2 if pdl else 0, row_major=rm)
 
 
 def moe_decode_grouped(x, topk_ids, topk_w, gate_up_packed, gate_up_scales, down_packed, down_scales,

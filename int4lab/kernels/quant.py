@@ -92,7 +92,7 @@ def _quantise_rows(src, K: int, q, s, swiglu: bool):
     s = check_out("s", s, (R, K // 32), torch.float32, dev)
     bk = _plan.row_block(dev)
     if R:
-        quant_rows_kernel[(R, triton.cdiv(K, bk))](src, q, s, K, src.stride(0), BLOCK_K=bk, SWIGLU=swiglu,
+        quant_rows_kernel[(R, -(-K // bk))](src, q, s, K, src.stride(0), BLOCK_K=bk, SWIGLU=swiglu,
                                                    USE_ASM=not interpreting())
     return q, s
 

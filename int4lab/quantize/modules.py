@@ -131,12 +131,21 @@ class Int4Linear(_Int4Module):
         if self._kernels_for(x) and x.numel() >= self.prefill_min_rows * self.in_features:
             return prefill_linear(self, x)                          # many rows: quantize/prefill.py
         x2 = x.reshape(-1, self.in_features)
-        ker = self._kernels_for(x2)
-        w = None if ker else self._decoded(self.packed, self.scales)
-        y = int4_matmul(x2, self.packed, self.scales, self.act, w, ker).to(x.dtype)
+        if self._kernels_for(x2):
+            y = self._forward_kernels(x2).to(x.dtype)
+        else:
+            y = int4_matmul(x2, self.packed, self.scales, self.act, self._decoded(self.packed, self.scales)).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _forward_kernels(self, x2: torch.Tensor) -> torch.Tensor:
+        # The decode path: kernels.ops checks once per argument signature and keeps the plan (no per-call checks,
+        # no device sync); one custom op under torch.compile. W4A16 means bf16 activations; W4A8 quantises x as
+        # it comes (as the reference does).
+        from ..kernels import ops
+        xk = x2.to(torch.bfloat16) if self.act == "bf16" else x2
+        return ops.linear(xk.contiguous(), self.packed, self.scales, self.act)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, act={self.act}, int4-b32"
@@ -214,19 +223,15 @@ class Int4Experts(_Int4Module):
         return out.to(torch.bfloat16).to(hidden_states.dtype)
 
     def _forward_gemv(self, hidden_states, top_k_index, top_k_weights):
-        # The MoE decode step of int4lab.kernels: one routed GEMV row per (token, slot), SwiGLU fused with
-        # the re-quantisation of h, the k slots combined with the routing weights in float32.
-        # A full forward (scoring, calibration) routes more rows than one decode step's routing program sorts
-        # (MAX_ROUTED_ROWS): the tokens go through in chunks of whole tokens; each token's rows are independent,
-        # so the result is the same as one call.
-        from ..kernels import moe_decode_step
-        from ..kernels.grouped import MAX_ROUTED_ROWS
-        x, ids, w = hidden_states.contiguous(), top_k_index.contiguous(), top_k_weights.float().contiguous()
-        step = max(1, MAX_ROUTED_ROWS // max(1, ids.shape[-1]))
-        ys = [moe_decode_step(x[i:i + step], ids[i:i + step], w[i:i + step], self.gate_up_packed,
-                              self.gate_up_scales, self.down_packed, self.down_scales)
-              for i in range(0, x.shape[0], step)]
-        return (ys[0] if len(ys) == 1 else torch.cat(ys)).to(hidden_states.dtype)
+        # The MoE decode step of int4lab.kernels (moe_decode_step's bits): one routed GEMV row per (token, slot),
+        # SwiGLU fused with the re-quantisation of h, the k slots combined with the routing weights in float32
+        # (read in their own dtype). kernels.ops checks once per argument signature, keeps the plans, never reads
+        # the ids back (an id outside [0, E) gives a NaN row, the kernels' guard), and chunks a full forward
+        # (scoring, calibration) into calls of at most MAX_ROUTED_ROWS routed rows.
+        from ..kernels import ops
+        y = ops.moe(hidden_states.contiguous(), top_k_index.contiguous(), top_k_weights.contiguous(),
+                    self.gate_up_packed, self.gate_up_scales, self.down_packed, self.down_scales)
+        return y.to(hidden_states.dtype)
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, hidden={self.hidden_dim}, intermediate={self.intermediate_dim}, "

@@ -18,9 +18,10 @@ import torch
 from unittest import mock
 
 from int4lab.format import X_QMAX, _blocks, dequant_int4_ref, pack_int4_b32, quant_x_rows_ref, true_div
-from int4lab.kernels import gemv as _gemv
+from int4lab.kernels import launch as _launch
 from int4lab.kernels import plan as _plan
-from int4lab.kernels.gemv import X_SWIGLU, _launch_gemv, gemv_int4_b32, gemv_ref, int4_linear
+from int4lab.kernels.gemv import X_SWIGLU, gemv_int4_b32, gemv_ref, int4_linear
+from int4lab.kernels.launch import launch_gemv
 from int4lab.kernels.grouped import build_group_tiles, gemm_int4_b32_grouped
 from int4lab.kernels.moe import combine_rows, moe_decode_grouped, moe_decode_ref, moe_decode_routed
 from int4lab.kernels.quant import quant_x_rows
@@ -98,7 +99,7 @@ def ulps_apart(a, b) -> int:
 
 def counters_zero() -> bool:
     """True when every cached split-K arrival counter is zero (as every launch must leave them)."""
-    return all(int(c.abs().sum()) == 0 for _, c in _gemv._WORKSPACES.values())
+    return all(int(c.abs().sum()) == 0 for _, c in _launch.WORKSPACES.values())
 
 
 def quant_x_rows_floor_ref(x):
@@ -151,8 +152,8 @@ def fused_combine_case(T, A, N, K, E, device, split_k=1):
     h = (torch.randn(T * A, 2 * K) * 2).bfloat16().to(device)
     eids = torch.stack([torch.randperm(E)[:A] for _ in range(T)]).reshape(-1).int().to(device)
     tw = torch.softmax(torch.randn(T, A), -1).to(device)
-    fused = _launch_gemv(h, None, p, s, eids, N, K, T * A, x_mode=X_SWIGLU, topk_w=tw, split_k=split_k)
-    rows = _launch_gemv(h, None, p, s, eids, N, K, T * A, x_mode=X_SWIGLU, split_k=split_k)
+    fused = launch_gemv(h, None, p, s, eids, N, K, T * A, x_mode=X_SWIGLU, topk_w=tw, split_k=split_k)
+    rows = launch_gemv(h, None, p, s, eids, N, K, T * A, x_mode=X_SWIGLU, split_k=split_k)
     return {"shape": f"T{T} A{A} {N}x{K} E{E} split_k={split_k}", "ulps": ulps_apart(fused, combine_rows(rows, tw)),
             "counters_zero": counters_zero()}
 

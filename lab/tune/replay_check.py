@@ -6,8 +6,10 @@ GEMV's determinism claim, checked on a GPU (and small enough to run under comput
 
 Cases: a dense W4A8 GEMV per shape (table plan, and a forced split-K plan so the last-arriving finish
 runs), and a MoE step per model at 1 token (the routed path: gate_up + down with the fused combine) and at
-8 tokens (the grouped path: routing tiles, grouped gate_up and down). Each case is captured
-once, replayed `replays` times on fresh poison, and every replay must equal the eager call bit for bit.
+8 tokens (the grouped path: routing tiles, grouped gate_up and down); per model at 1 and 8 tokens the fused
+decode pieces: the one-launch router (its last-arriving top-k) and RMSNorm (hidden size and head dim), and the
+modules' entry (kernels.ops.moe). Each case is captured once, replayed `replays` times on fresh poison, and
+every replay must equal the eager call bit for bit.
 """
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ import json
 
 import torch
 
-from int4lab.kernels import gemv as _gemv
-from int4lab.kernels import int4_linear, moe_decode_step
+from int4lab.kernels import launch as _launch
+from int4lab.kernels import int4_linear, moe_decode_step, ops
+from int4lab.kernels.norm import rms_norm
+from int4lab.kernels.router import router_topk
 from int4lab.kernels.plan import gemv_plan
 from int4lab.format import pack_int4_b32
 from int4lab.receipts import provenance
@@ -40,15 +44,16 @@ def _replays_identical(fn, replays: int) -> bool:
         out = fn()
     same = True
     for _ in range(replays):
-        out.fill_(float("nan"))
+        out.fill_(float("nan") if out.is_floating_point() else -1)
         g.replay()
         torch.cuda.synchronize()
-        same &= torch.equal(out.view(torch.int16), eager.view(torch.int16))
+        same &= torch.equal(out.view(torch.int16), eager.view(torch.int16)) if out.is_floating_point() else \
+            torch.equal(out, eager)
     return bool(same)
 
 
 def _counters_zero() -> bool:
-    return all(int(c.abs().sum()) == 0 for _, c in _gemv._WORKSPACES.values())
+    return all(int(c.abs().sum()) == 0 for _, c in _launch.WORKSPACES.values())
 
 
 def run(replays: int = 100, small: bool = False) -> dict:
@@ -75,6 +80,26 @@ def run(replays: int = 100, small: bool = False) -> dict:
             same = _replays_identical(lambda: moe_decode_step(x, ids, tw, *gu, *dn), replays)
             rows.append({"case": f"moe {name} T{T} (H {H}, I {I}, E {E}, top-{A})", "replays_identical": bool(same),
                          "counters_zero": _counters_zero()})
+            same = _replays_identical(lambda: ops.moe(x, ids, tw, *gu, *dn), replays)
+            rows.append({"case": f"ops.moe {name} T{T}", "replays_identical": bool(same),
+                         "counters_zero": _counters_zero()})
+    for name, m in MODELS.items():
+        H, E, A = (m.hidden // 4, min(m.n_experts, 8), m.top_k) if small else (m.hidden, m.n_experts, m.top_k)
+        A = min(A, E)
+        rw = (torch.randn(E, H, device=dev) * 0.02).bfloat16()
+        nw = (torch.rand(H, device=dev) + 0.5).bfloat16()
+        hw = (torch.rand(m.head_dim, device=dev) + 0.5).bfloat16()
+        for T in (1, 8):
+            x = torch.randn(T, H, device=dev, dtype=torch.bfloat16)
+            heads = torch.randn(T * m.n_heads, m.head_dim, device=dev, dtype=torch.bfloat16)
+            cases = {"router logits": lambda: router_topk(x, rw, A, True, torch.float32)[0],
+                     "router weights": lambda: router_topk(x, rw, A, True, torch.float32)[1],
+                     "router ids": lambda: router_topk(x, rw, A, False)[2],
+                     "rms_norm hidden": lambda: rms_norm(x, nw, 1e-5),
+                     "rms_norm heads": lambda: rms_norm(heads, hw, 1e-6)}
+            for label, fn in cases.items():
+                rows.append({"case": f"{label} {name} T{T} (H {H}, E {E}, top-{A})",
+                             "replays_identical": _replays_identical(fn, replays), "counters_zero": _counters_zero()})
     return {"replays": replays, "rows": rows, "all_pass": all(r["replays_identical"] and r["counters_zero"]
                                                                for r in rows)}
 

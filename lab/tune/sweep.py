@@ -197,7 +197,8 @@ CODES_SHAPES = [(4096, 14336), (28672, 8192), (14336, 4096), (4096, 4096), (2048
 def sweep_codes(dev, rows, l2=60 * 2**20, replays=REPLAYS):
     """Per CODES_SHAPES shape: int4_linear (x quantised in the GEMV), gemv_int4_b32 on codes, quant_x_rows, and
     quant + GEMV as two launches; per MoE model the one-token step's two GEMVs with and without their prologue."""
-    from int4lab.kernels.gemv import X_CODES, X_FLOAT, X_SWIGLU, _launch_gemv, gemv_int4_b32
+    from int4lab.kernels.gemv import X_CODES, X_FLOAT, X_SWIGLU, gemv_int4_b32
+    from int4lab.kernels.launch import launch_gemv
     from int4lab.kernels.quant import quant_x_rows, swiglu_quant_rows
     for N, K in CODES_SHAPES:
         nbytes = int4_bytes(N, K)
@@ -230,13 +231,13 @@ def sweep_codes(dev, rows, l2=60 * 2**20, replays=REPLAYS):
         h = torch.randn(A, 2 * I, device=dev).bfloat16()
         hq, hs = swiglu_quant_rows(h)
         row = {"model": model, "us": {}}
-        row["us"]["gate_up_float_x"] = time_copies(lambda i: _launch_gemv(
+        row["us"]["gate_up_float_x"] = time_copies(lambda i: launch_gemv(
             x, None, *gu, ids[i], 2 * I, H, A, x_mode=X_FLOAT, rows_per_x=A), sets, replays)
-        row["us"]["gate_up_codes"] = time_copies(lambda i: _launch_gemv(
+        row["us"]["gate_up_codes"] = time_copies(lambda i: launch_gemv(
             xq, xs, *gu, ids[i], 2 * I, H, A, x_mode=X_CODES, rows_per_x=A), sets, replays)
-        row["us"]["down_swiglu_h"] = time_copies(lambda i: _launch_gemv(
+        row["us"]["down_swiglu_h"] = time_copies(lambda i: launch_gemv(
             h, None, *dn, ids[i], H, I, A, x_mode=X_SWIGLU, topk_w=tw), sets, replays)
-        row["us"]["down_codes"] = time_copies(lambda i: _launch_gemv(
+        row["us"]["down_codes"] = time_copies(lambda i: launch_gemv(
             hq, hs, *dn, ids[i], H, I, A, x_mode=X_CODES, topk_w=tw), sets, replays)
         row["us"]["step_pdl"] = time_copies(lambda i: moe_decode_routed(x, ids[i:i + 1], tw, *gu, *dn), sets, replays)
         for bn, bk, nw, waves in ((16, 1024, 4, 0.25), (64, 1024, 8, 0.25), (32, 512, 4, 0.25), (32, 2048, 8, 0.25),

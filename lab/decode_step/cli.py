@@ -1,0 +1,127 @@
+"""python -m lab.decode_step: the decode-step receipt (see bench.py for what is measured).
+
+The receipt goes to runs/decode_step_<card>.json unless --out names another path (data/receipts/ for one the
+chapter reads). An existing receipt at that path keeps what this call does not measure (other architectures, and
+within one the rows and parts of other runs), so a long run can be split across calls, e.g.
+    python -m lab.decode_step --runs eager graphed --out R.json           # everything but the compiles
+    python -m lab.decode_step --runs compiled --parts times --out R.json  # then the compiled rows
+(--prior names the earlier receipt when it lies elsewhere than --out.)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from int4lab.paths import ROOT
+from int4lab.receipts import portable_command, write_receipt
+from lab.synth import ARCHS, WIDTHS
+
+from . import bench
+from .model import EXPERTS_IMPLS
+
+ORDER = ("olmoe", "qwen3_moe", "mixtral")       # small experts first: their layers are furthest from the floor
+
+
+def card() -> str:
+    """'h100', 'h200', ... from the CUDA device name; 'cpu' without one."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name().lower()
+    for tag in ("h200", "h100", "a100", "l40s", "l4", "b200"):
+        if tag in name:
+            return tag
+    return name.split()[-1].replace("/", "-")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m lab.decode_step", description=bench.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", nargs="+", choices=ARCHS, default=list(ORDER))
+    ap.add_argument("--width", choices=WIDTHS, default="real", help="real: the published widths; tiny: CPU tests")
+    ap.add_argument("--layers", nargs="+", type=int, default=[1, 2],
+                    help="decoder layers measured; per layer = slope between the smallest and the largest")
+    ap.add_argument("--batches", nargs="+", type=int, default=[1, 4, 16], help="sequences decoded at once")
+    ap.add_argument("--contexts", nargs="+", type=int, default=[256, 4096],
+                    help="positions of the static KV cache every step attends over")
+    ap.add_argument("--states", nargs="+", choices=bench.STATES, default=list(bench.STATES))
+    ap.add_argument("--runs", nargs="+", choices=bench.RUNS, default=list(bench.RUNS))
+    ap.add_argument("--impls", nargs="+", choices=EXPERTS_IMPLS, default=list(EXPERTS_IMPLS),
+                    help="transformers experts implementations tried for bf16")
+    ap.add_argument("--replays", type=int, default=16, help="graph replays back to back per timed sample")
+    ap.add_argument("--samples", type=int, default=15, help="timed samples per graphed depth (median kept)")
+    ap.add_argument("--eager-steps", type=int, default=8)
+    ap.add_argument("--eager-warmup", type=int, default=2)
+    ap.add_argument("--eager-samples", type=int, default=3)
+    ap.add_argument("--floor-replays", type=int, default=10)
+    ap.add_argument("--greedy-steps", type=int, default=64, help="greedy tokens compared, eager against graphed int4")
+    ap.add_argument("--prompt", type=int, default=16, help="prompt tokens before the greedy steps")
+    ap.add_argument("--parts", nargs="+", choices=bench.PARTS, default=list(bench.PARTS),
+                    help="what to measure: step times, floors, the greedy check, host cost per call, the breakdown "
+                         "(profile of the graphed step of batch 1 at the first context); an earlier call's parts "
+                         "stay in the receipt")
+    ap.add_argument("--compile-states", nargs="+", choices=bench.STATES, default=["bf16", "int4"],
+                    help="states measured compiled (batch 1, the first context)")
+    ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled run")
+    ap.add_argument("--compile-reserve-s", type=float, default=60.0,
+                    help="budget a compiled run needs left before it starts")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="wall-clock budget; parts past it are skipped")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="receipt path (default runs/decode_step_<card>.json)")
+    ap.add_argument("--prior", default=None,
+                    help="an earlier call's receipt to continue from (default: --out when it exists)")
+    return ap
+
+
+def _check(args) -> None:
+    if min(args.layers) < 1 or len(set(args.layers)) < 2:
+        raise ValueError(f"--layers needs at least two distinct depths >= 1, got {args.layers}")
+    if min(args.batches) < 1:
+        raise ValueError(f"--batches must be >= 1, got {args.batches}")
+    if min(args.contexts) <= 32 + args.prompt:
+        raise ValueError(f"--contexts must exceed 32 positions of headroom and the prompt, got {args.contexts}")
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        _check(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else ROOT / "runs" / f"decode_step_{card()}.json"
+    t0 = time.time()
+    deadline = t0 + args.budget_s
+    src = Path(args.prior) if args.prior else out
+    before = json.loads(src.read_text()) if src.exists() else {}
+    prior = before.get("archs", {})
+    archs = dict(prior)
+    import transformers
+    command = portable_command(" ".join(["python -m lab.decode_step"] + (argv if argv is not None else sys.argv[1:])))
+
+    def save():
+        this = {"command": command, "settings": {k: v for k, v in vars(args).items() if k not in ("out", "prior")},
+                "seconds": time.time() - t0}
+        write_receipt(out, {"kind": "decode_step", "card": card(), "transformers": transformers.__version__,
+                            **this, "calls": before.get("calls", []) + [this], "archs": archs}, command=command)
+
+    def log(msg):
+        print(f"[{time.time() - t0:6.1f} s] {msg}", flush=True)
+
+    ok = True
+    for arch in [a for a in ORDER if a in args.arch]:
+        r = bench.Run(arch, args, save, log, deadline, prior=prior.get(arch))
+        archs[arch] = r.rec
+        r.run()
+        save()
+        g = r.rec.get("greedy") or {}
+        ok &= g.get("equal") is not False
+        log(f"{arch} summary: {json.dumps(r.rec.get('summary', {}), indent=None)[:2000]}")
+        del r
+        bench._free()
+    log(f"receipt: {out}")
+    return 0 if ok else 1

@@ -1,0 +1,142 @@
+"""lab.decode_step: the whole-model decode benchmark, exercised end to end on the CPU at tiny width (graph
+capture, the floor kernel and the profiler's device kernels need CUDA; everything else runs here)."""
+import json
+
+import pytest
+import torch
+
+from lab.decode_step import bench, cli, profile
+from lab.decode_step import model as M
+from lab.decode_step import step as S
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return M.build("olmoe", 2, "tiny", "cpu", torch.float32)
+
+
+def test_static_cache_step_gives_generates_tokens(tiny):
+    """The benchmark's step (static cache, 4-D mask built from the position tensor) decodes what generate does."""
+    prompt = torch.randint(0, 4096, (2, 5))
+    with torch.no_grad():
+        ref = tiny.generate(prompt, max_new_tokens=6, min_new_tokens=6, do_sample=False)[:, 6:]
+    got = S.greedy(tiny, prompt, 5, graphed=False)
+    assert torch.tensor(got).T.tolist() == ref.tolist()
+
+
+def test_depth_runs_the_first_layers_and_restores(tiny):
+    ids = torch.randint(0, 4096, (1, 4))
+    with torch.no_grad():
+        with M.depth(tiny, 1):
+            assert len(tiny.model.layers) == 1 and tiny.config.num_hidden_layers == 1
+            one = tiny(ids).logits
+        two = tiny(ids).logits
+    assert len(tiny.model.layers) == 2 and tiny.config.num_hidden_layers == 2
+    assert not torch.equal(one, two)
+
+
+def test_layer_bytes_count_the_modules_tensors(tiny):
+    from int4lab.quantize import quantize_model
+    import copy
+    q, _ = quantize_model(copy.deepcopy(tiny), "rtn", "experts+attn", progress=False)
+    c = tiny.config
+    H, I, E, D = c.hidden_size, c.intermediate_size, c.num_experts, c.hidden_size // c.num_attention_heads
+    kv = 2 * 3 * c.num_key_value_heads * D * 100 * 4                      # float32 cache, batch 3, 100 positions
+    b = M.layer_bytes(q, 3, 100, 5.0)
+    int4 = lambda n, k: n * k // 2 + n * k // 32 * 2                      # noqa: E731  packs + fp16 scales
+    assert b["attn_proj"] == 4 * int4(H, H)
+    assert b["experts"] == 5 * (int4(2 * I, H) + int4(H, I))
+    assert b["router"] == E * H * 4 and b["kv_cache"] == kv
+    assert b["norms"] == (2 * H + 2 * H) * 4                               # layer norms + OLMoE's q/k norms (H)
+    assert b["total"] == sum(b[k] for k in ("attn_proj", "experts", "router", "norms", "kv_cache"))
+
+
+def test_extrapolation_writes_its_arithmetic():
+    r = bench.extrapolate({1: 300.0, 2: 450.0}, 16, 4)
+    assert r["per_layer_us"] == 150.0 and r["fixed_us"] == 150.0
+    assert r["full_step_us"] == 150.0 + 16 * 150.0
+    assert r["tokens_per_s"] == pytest.approx(4e6 / 2550.0)
+    assert "150.00 + 16 x 150.00 = 2550.00" in r["formula"]
+
+
+def test_modules_carry_the_breakdown_categories(tiny):
+    cats = {profile.module_category(n, m) for n, m in tiny.named_modules()} - {None}
+    assert cats == {"attn_proj", "experts", "router", "attention", "norm", "glue"}
+    assert profile.module_category("model.norm", tiny.model.norm) is None           # the final norm is fixed
+
+
+def test_kernels_take_the_innermost_range_and_map_onto_replays():
+    ranges = [("glue", 0, 100), ("attention", 10, 50), ("attn_proj", 12, 20), ("experts", 60, 90)]
+    launches = {1: 15, 2: 30, 3: 70, 4: 95, 5: 120}
+    kernels = [("gemv", 200, 2.0, 1), ("sdpa", 210, 3.0, 2), ("moe", 220, 5.0, 3), ("add", 230, 1.0, 4),
+               ("argmax", 240, 1.0, 5), ("memset", 250, 0.5, 99)]
+    got = profile.attribute(ranges, launches, kernels)
+    assert [c for _, c, _ in got] == ["attn_proj", "attention", "experts", "glue", "fixed", "unattributed"]
+    replay = [(n, d * 2) for n, _, d in got]
+    mapped, how = profile.map_categories(got, replay)
+    assert how == "position" and [c for _, c, _ in mapped] == [c for _, c, _ in got]
+    mapped, how = profile.map_categories(got, replay[:-1][::-1])
+    assert how == "name" and dict((n, c) for n, c, _ in mapped)["sdpa"] == "attention"
+    one = profile.sums(got)
+    two = profile.sums(got + [(n, c, d) for n, c, d in got if c not in ("fixed", "unattributed")])
+    pl = profile.per_layer(one, two, step_one_us=20.0, step_two_us=35.0)
+    assert pl["attn_proj"] == 2.0 and pl["experts"] == 5.0 and pl["busy"] == 11.0
+    assert pl["gaps"] == (35.0 - two["busy"]) - (20.0 - one["busy"]) and pl["step"] == 15.0
+
+
+def test_cli_runs_end_to_end_on_the_cpu(tmp_path):
+    out = tmp_path / "d.json"
+    rc = cli.main(["--arch", "mixtral", "--width", "tiny", "--contexts", "64", "--batches", "1", "2",
+                   "--impls", "batched_mm", "--runs", "eager", "compiled", "--compile-backend", "eager",
+                   "--greedy-steps", "3", "--prompt", "4", "--eager-steps", "2", "--eager-warmup", "1",
+                   "--eager-samples", "1", "--out", str(out)])
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    assert rec["kind"] == "decode_step" and rec["card"] == "cpu" and "provenance" in rec
+    a = rec["archs"]["mixtral"]
+    assert not a["errors"], a["errors"]
+    got = {(r["state"], r["impl"], r["run"], r["batch"]) for r in a["rows"]}
+    assert a["states"] == ["bf16", "int4", "int4_fused"]
+    for st in a["states"]:
+        impl = "batched_mm" if st == "bf16" else None
+        assert (st, impl, "eager", 1) in got and (st, impl, "eager", 2) in got
+        assert ((st, impl, "compiled", 1) in got) == (st != "int4_fused")     # --compile-states: bf16 int4
+    assert all(set(r["step_us"]) == {"1", "2"} and "formula" in r for r in a["rows"])
+    assert a["bytes"]["int4 B1 C64"]["distinct_experts"] == 2.0                  # Mixtral routes top-2
+    assert a["bytes"]["int4 B2 C64"]["total"] < a["bytes"]["bf16 B2 C64"]["total"]
+    assert len(a["greedy"]["tokens_eager"]) == 3 and a["greedy"]["equal"] is None
+    assert set(a["summary"]) == {"B1 C64", "B2 C64"}
+    assert "int4_eager_over_default_bf16_eager" in a["summary"]["B1 C64"] or "int4_eager_over_best_bf16_eager" in \
+        a["summary"]["B1 C64"]
+
+
+def test_default_receipt_goes_to_runs_and_keeps_other_archs(monkeypatch, tmp_path):
+    monkeypatch.setattr(cli, "ROOT", tmp_path)
+    assert cli.main(["--arch", "olmoe", "--layers", "1"]) == 2                    # bad depths: refused first
+    assert not (tmp_path / "runs").exists()
+
+    class Fake:
+        def __init__(self, arch, args, save, log, deadline, prior=None):
+            self.rec = {"arch": arch, "greedy": {"equal": True}, "prior": prior is not None}
+
+        def run(self):
+            return self.rec
+    monkeypatch.setattr(bench, "Run", Fake)
+    assert cli.main(["--arch", "olmoe"]) == 0
+    out = tmp_path / "runs" / "decode_step_cpu.json"
+    assert set(json.loads(out.read_text())["archs"]) == {"olmoe"}
+    assert cli.main(["--arch", "mixtral"]) == 0                                   # a second call adds its arch
+    assert set(json.loads(out.read_text())["archs"]) == {"olmoe", "mixtral"}
+    assert cli.main(["--arch", "olmoe"]) == 0                                     # and hands a measured one its past
+    assert json.loads(out.read_text())["archs"]["olmoe"]["prior"] is True
+
+
+def test_a_split_run_keeps_the_earlier_calls_rows():
+    args = cli.parser().parse_args(["--width", "tiny"])
+    prior = {"width": "tiny", "depths": [1, 2], "rows": [{"state": "bf16", "run": "graphed"}], "greedy": {"x": 1},
+             "errors": {"old": 1}}
+    r = bench.Run("olmoe", args, lambda: None, print, 0.0, prior=prior)
+    assert r.rec["rows"] == prior["rows"] and r.rec["greedy"] == {"x": 1} and r.rec["errors"] == {}
+    other = bench.Run("olmoe", cli.parser().parse_args(["--width", "tiny", "--layers", "1", "3"]), lambda: None,
+                      print, 0.0, prior=prior)
+    assert other.rec["rows"] == [] and "greedy" not in other.rec                  # other depths: a fresh record
