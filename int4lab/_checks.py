@@ -192,3 +192,20 @@ def _check_creatable(folder, path, flag) -> None:
         raise ValueError(f"{flag} {str(path)!r} cannot be created: {str(anc)!r} is a file, not a directory")
     if not os.access(anc, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {str(path)!r} cannot be written: directory {str(anc)!r} is not writable")
+
+
+def check_rows_and_weight(x, weight, shape_rule: str) -> None:
+    """x float [R, K] with a dense last dimension; weight (its type and rank checked by the caller) of x's
+    dtype, contiguous, its last dimension K (shape_rule names the expected shape in the message, e.g.
+    "(E, H)"); both on one device."""
+    check_tensor("x", x, FLOAT_DTYPES, (2,))
+    if weight.dtype != x.dtype:
+        raise TypeError(f"weight must have x's dtype {x.dtype}, got {weight.dtype}")
+    if weight.shape[-1] != x.shape[1]:
+        raise ValueError(f"weight must have shape {shape_rule} with its last dimension {x.shape[1]} (x's), got "
+                         f"{tuple(weight.shape)}")
+    if x.shape[1] and x.stride(1) != 1:
+        raise ValueError(f"x must have a contiguous last dimension, got strides {x.stride()}")
+    if not weight.is_contiguous():
+        raise ValueError("weight must be contiguous")
+    check_devices(x=x, weight=weight)

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
-from .._checks import FLOAT_DTYPES, check_devices, check_tensor, interpreting
+from .._checks import FLOAT_DTYPES, check_rows_and_weight, check_tensor, interpreting
 from .epilogue import to_bf16_rne
 
 OUT_F32, OUT_BF16, OUT_F16 = 0, 1, 2
@@ -69,19 +69,10 @@ def rms_norm_kernel(
 
 
 def check_rms_norm(x, weight, eps):
-    check_tensor("x", x, FLOAT_DTYPES, (2,))
     check_tensor("weight", weight, FLOAT_DTYPES, (1,))
-    if weight.dtype != x.dtype:
-        raise TypeError(f"weight must have x's dtype {x.dtype}, got {weight.dtype}")
-    if weight.shape[0] != x.shape[1]:
-        raise ValueError(f"weight must have shape ({x.shape[1]},) like x's rows, got {tuple(weight.shape)}")
-    if x.shape[1] and x.stride(1) != 1:
-        raise ValueError(f"x must have a contiguous last dimension, got strides {x.stride()}")
-    if not weight.is_contiguous():
-        raise ValueError("weight must be contiguous")
+    check_rows_and_weight(x, weight, "(H,)")
     if not isinstance(eps, float) or not eps >= 0:
         raise ValueError(f"eps must be a float >= 0, got {eps!r}")
-    check_devices(x=x, weight=weight)
 
 
 def run_rms_norm(x, weight, eps: float, out):

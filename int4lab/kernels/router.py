@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
-from .._checks import FLOAT_DTYPES, check_devices, check_tensor, interpreting
+from .._checks import FLOAT_DTYPES, check_rows_and_weight, check_tensor, interpreting
 from .norm import OUT_BF16, _OUT, round_to
 from .epilogue import to_bf16_rne
 
@@ -101,12 +101,8 @@ def router_topk_kernel(
 
 
 def check_router(x, weight, top_k, renorm, weights_dtype):
-    check_tensor("x", x, FLOAT_DTYPES, (2,))
     check_tensor("weight", weight, FLOAT_DTYPES, (2,))
-    if weight.dtype != x.dtype:
-        raise TypeError(f"weight must have x's dtype {x.dtype}, got {weight.dtype}")
-    if weight.shape[1] != x.shape[1]:
-        raise ValueError(f"weight must have shape (E, H) with H = {x.shape[1]}, got {tuple(weight.shape)}")
+    check_rows_and_weight(x, weight, "(E, H)")
     E = weight.shape[0]
     if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= E:
         raise ValueError(f"top_k must be an int in [1, E = {E}], got {top_k!r}")
@@ -114,11 +110,6 @@ def check_router(x, weight, top_k, renorm, weights_dtype):
         raise TypeError(f"renorm must be a bool, got {type(renorm).__name__}")
     if weights_dtype not in FLOAT_DTYPES:
         raise TypeError(f"weights_dtype must be one of {FLOAT_DTYPES}, got {weights_dtype!r}")
-    if x.shape[1] and x.stride(1) != 1:
-        raise ValueError(f"x must have a contiguous last dimension, got strides {x.stride()}")
-    if not weight.is_contiguous():
-        raise ValueError("weight must be contiguous")
-    check_devices(x=x, weight=weight)
 
 
 def router_blocks(E: int, H: int) -> tuple[int, int]:

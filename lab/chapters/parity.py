@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from int4lab.format import quant_x_rows_ref
-from int4lab.kernels.gemv import X_FLOAT, X_SWIGLU, _launch_gemv
+from int4lab.kernels.launch import X_FLOAT, X_SWIGLU, launch_gemv
 from int4lab.quantize import kernels_on_cpu
 from int4lab.quantize.modules import Int4Experts, int4_matmul_ref
 
@@ -68,7 +68,7 @@ def _stages(model, mod, hid, idx, wts, out) -> dict:
     A = idx.shape[1]
     eids = idx.reshape(-1).int().contiguous()
     H, I = hid.shape[1], mod.intermediate_dim
-    h_ker = _launch_gemv(hid.contiguous(), None, mod.gate_up_packed, mod.gate_up_scales, eids, 2 * I, H, A,
+    h_ker = launch_gemv(hid.contiguous(), None, mod.gate_up_packed, mod.gate_up_scales, eids, 2 * I, H, A,
                          x_mode=X_FLOAT, rows_per_x=A)
     h_ref = torch.cat([int4_matmul_ref(hid, mod.gate_up_packed[e], mod.gate_up_scales[e], "int8")
                        for e in eids.tolist()])
@@ -78,7 +78,7 @@ def _stages(model, mod, hid, idx, wts, out) -> dict:
     g, u = h_ref.float().chunk(2, dim=-1)
     a_ref = mod.act_fn(g) * u
     qr, sr = quant_x_rows_ref(a_ref)
-    y_ker = _launch_gemv(h_ref.contiguous(), None, mod.down_packed, mod.down_scales, eids, H, I, A, x_mode=X_SWIGLU)
+    y_ker = launch_gemv(h_ref.contiguous(), None, mod.down_packed, mod.down_scales, eids, H, I, A, x_mode=X_SWIGLU)
     y_ref = torch.cat([int4_matmul_ref(a_ref[j:j + 1], mod.down_packed[e], mod.down_scales[e], "int8")
                        for j, e in enumerate(eids.tolist())])
     with kernels_on_cpu(model, True):
