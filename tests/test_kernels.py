@@ -358,7 +358,7 @@ def test_grouped_moe_32_row_tiles_same_bits(device, split_k):
 
 @pytest.mark.parametrize("split_k,K,block_k", [(1, 352, 128), (2, 352, 128), (3, 512, 128), (2, 512, 256), (1, 96, 128)])
 def test_grouped_mma_tma_same_bits(device, split_k, K, block_k):
-    """plan.tma: the weights through a TensorDescriptor box [block_n, block_k / 2] (v42) give the threads' loads'
+    """plan.tma: the weights through a TensorDescriptor box [block_n, block_k / 2] give the threads' loads'
     bits. Ragged N (boxes that run into the next expert's rows, never stored), a K tail inside the last step (K 352),
     a box wider than the row (K 96 at block_k 128), ragged splits, tiles of fewer rows than block_m, an expert with
     no rows; a base that is not 16-byte aligned falls back to the threads' loads. Plans TMA cannot serve are refused
@@ -534,7 +534,7 @@ def test_grouped_and_routed_moe_same_bits(device, split_k, block_m):
 
 
 def test_grouped_moe_plan_pair(device):
-    """moe_decode_grouped takes a (gate_up, down) plan pair (v22 splits only the down GEMM): a pair of one plan
+    """moe_decode_grouped takes a (gate_up, down) plan pair (the table splits only the down GEMM): a pair of one plan
     gives that plan's bits, a split down stays at the reference, and a pair of tiles of other heights is refused."""
     E, H, I, T, A = 5, 64, 96, 6, 2
     w = moe_weights(E, H, I, device)
@@ -590,9 +590,9 @@ def test_moe_decode_step_dispatch(device, monkeypatch):
     assert seen == ["grouped" if 2 * T / min(4, 2 * T) >= start else "routed" for T in tokens]
     assert seen[0] == "routed" and seen[-1] == "grouped"
     sm90 = dict(generation=lambda _: "sm90")
-    with monkeypatch.context() as mp:                   # the H200 rule on the bench's models (notes/perf.md v9)
+    with monkeypatch.context() as mp:                   # the H200 rule on the bench's models (notes/kernels.md)
         mp.setattr(plan_mod, "generation", sm90["generation"])
-        # every model from 2 mean rows (v42c: with TMA the 8-row tensor-core tile beats the routed path there)
+        # every model from 2 mean rows (with TMA the 8-row tensor-core tile beats the routed path there)
         assert [plan_mod.moe_grouped(T, 2, 8, "cpu", 4096 * 14336) for T in (1, 4, 8, 16)] == [False, False, True, True]
         assert [plan_mod.moe_grouped(T, 8, 64, "cpu", 2048 * 1024) for T in (8, 16, 32, 64)] == [False, True, True, True]
         assert [plan_mod.moe_grouped(T, 8, 128, "cpu", 2048 * 768) for T in (1, 16, 32, 64)] == [False, False, True, True]
@@ -603,15 +603,15 @@ def test_moe_decode_step_dispatch(device, monkeypatch):
 
 
 def test_grouped_table_rule(monkeypatch):
-    """The H200 grouped table on the bench's models (notes/perf.md v18): dp4a rows below 4 mean rows (below 2 with TMA on sm_90 for
-    experts under 32 M weights, v42c), then
+    """The H200 grouped table on the bench's models (notes/kernels.md): dp4a rows below 4 mean rows (below 2 with TMA on sm_90 for
+    experts under 32 M weights), then
     tensor-core tiles of 8 / 16 / 32 rows, 16 from 4 mean rows for experts of >= 32 M weights (Mixtral)."""
     monkeypatch.setattr(plan_mod, "generation", lambda _: "sm90")
     monkeypatch.setattr(plan_mod, "num_sms", lambda _: 132)
 
     def height(N, K, T, A, E):
         p = plan_mod.grouped_plan(N, K, T * A, E, "cpu")
-        assert p.half_tiles == (p.block_m >= 16)       # v27: the 16- and 32-row tiles run half loops
+        assert p.half_tiles == (p.block_m >= 16)       # the 16- and 32-row tiles run half loops
         return p.kind, p.block_m
     mixtral_gu, olmoe_gu = (28672, 4096), (2048, 2048)
     assert [height(*mixtral_gu, T, 2, 8) for T in (8, 16, 32, 64)] == [("dp4a", 1), ("mma", 16), ("mma", 16),
@@ -619,7 +619,7 @@ def test_grouped_table_rule(monkeypatch):
     assert [height(4096, 14336, T, 2, 8) for T in (16, 32)] == [("mma", 16), ("mma", 16)]    # down: same tiles
     assert [height(*olmoe_gu, T, 8, 64) for T in (8, 16, 32, 64, 128)] == [("dp4a", 1), ("mma", 8), ("mma", 8),
                                                                             ("mma", 16), ("mma", 32)]
-    assert height(1536, 2048, 32, 8, 128) == ("mma", 8)             # Qwen3 gate_up at 2 mean rows (v42c)
+    assert height(1536, 2048, 32, 8, 128) == ("mma", 8)             # Qwen3 gate_up at 2 mean rows
     # without TMA (sm_80) the 2-row rows keep the one-row dp4a tile
     monkeypatch.setattr(plan_mod, "generation", lambda _: "sm80")
     assert height(*olmoe_gu, 16, 8, 64) == ("dp4a", 1) and height(*olmoe_gu, 32, 8, 64) == ("mma", 8)
@@ -628,7 +628,7 @@ def test_grouped_table_rule(monkeypatch):
     for over in (dict(block_m=8), dict(block_m=4, kind="dp4a", block_k=512)):
         p = plan_mod.grouped_plan(*mixtral_gu, 64, 8, "cpu", **over)
         assert (p.block_m, p.half_tiles) == (over["block_m"], False)
-    # v42: every tensor-core row loads its weights through TMA; an override TMA cannot serve drops it
+    # every tensor-core row loads its weights through TMA; an override TMA cannot serve drops it
     assert plan_mod.grouped_plan(*mixtral_gu, 64, 8, "cpu").tma
     assert not plan_mod.grouped_plan(*mixtral_gu, 16, 8, "cpu").tma                     # the dp4a row
     assert not any(p.tma for _, _, p in plan_mod.GROUPED_TABLE["sm80"])               # no TMA before Hopper
@@ -636,7 +636,7 @@ def test_grouped_table_rule(monkeypatch):
             for over in (dict(kind="dp4a", block_m=4, half_tiles=False), dict(block_k=1024))] == [False, False]
     with pytest.raises(ValueError, match="half_tiles"):
         plan_mod.grouped_plan(*mixtral_gu, 64, 8, "cpu", block_m=8, half_tiles=True)
-    # v22: the down GEMM of Mixtral's few N tiles split at 16 and 64 tokens, never gate_up, never OLMoE at 64
+    # the down GEMM of Mixtral's few N tiles split at 16 and 64 tokens, never gate_up, never OLMoE at 64
     split = {T: (plan_mod.grouped_plan(*mixtral_gu, 2 * T, 8, "cpu").split_k,
                  plan_mod.grouped_plan(4096, 14336, 2 * T, 8, "cpu").split_k) for T in (8, 16, 32, 64)}
     assert split == {8: (1, 1), 16: (1, 4), 32: (1, 1), 64: (1, 2)}
@@ -644,7 +644,7 @@ def test_grouped_table_rule(monkeypatch):
 
 
 def test_moe_pdl_rule(monkeypatch):
-    """The H200 PDL rule (notes/perf.md v21b): the down GEMV is a dependent launch for OLMoE's and Qwen3's
+    """The H200 PDL rule (notes/kernels.md): the down GEMV is a dependent launch for OLMoE's and Qwen3's
     experts, not for Mixtral's (>= 32 M weights per projection); never off sm_90."""
     from int4lab.shapes import MODELS
     monkeypatch.setattr(plan_mod, "generation", lambda _: "sm90")

@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .epilogue import finish_rows, fold_blocks, grid_ids
+from .epilogue import finish_rows, fold_blocks
 from .gemv_dp4a import _dp4a, expert_tile, x_words_from_codes
 
 MAX_BLOCK_M = 8          # rows unrolled per program (one accumulator each)
@@ -72,100 +72,86 @@ def _row_finish(acc, m: tl.constexpr, order_ptr, row0, n_rows, r_first, valid, o
 
 
 @triton.jit
-def grouped_dp4a_kernel(
-    # Pointers
-    x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, row0_ptr, rows_ptr, group_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr,
-    # Dimensions
-    L, N, E, stride_x, stride_xs, stride_we, KW, stride_se, KB,
-    # Meta-parameters
-    ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, TOPK: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_W: tl.constexpr,
-    USE_ASM: tl.constexpr, TILE_MAJOR: tl.constexpr,
-):
-    """One program owns out[rows of tile, n0 : n0 + BLOCK_N] for K-split `split` (grid: (N tiles, SPLIT_K,
-    T), or (T, SPLIT_K, N tiles) when TILE_MAJOR: the tiles of one N range then run side by side and an
-    expert with several tiles is read from DRAM about once, the others hitting L2).
+def dp4a_tile(pid_n, split, row0, n_rows, e, valid,
+              x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr,
+              L, N, stride_x, stride_xs, stride_we, KW, stride_se, KB, ROWS_PER_X: tl.constexpr,
+              TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_W: tl.constexpr, USE_ASM: tl.constexpr):
+    """The tile body of grouped_kernel.grouped_kernel on the integer pipe: rows row0 .. row0 + n_rows - 1 of
+    `order` (n_rows <= BLOCK_M <= MAX_BLOCK_M) against expert e's BLOCK_N columns at pid_n, K split `split`.
 
     x int8 codes [*, K] read as int32 words, xs float32 [*, K/32]; row r reads x row r // ROWS_PER_X.
-    w int32 words [E, N, K/8], ws float16 [E, N, K/32]. order int32 [L] (sorted position -> row), row0 /
-    rows / group int32 [T] (grouped.GroupTiles); BLOCK_M <= MAX_BLOCK_M. KW = K / 8, KB = K / 32 and the
-    expert strides arrive as arguments so Triton proves 16-byte alignment (gemv_dp4a.py says why). Output,
-    partials and counters as epilogue.finish_rows says, indexed by the original row r.
+    w int32 words [E, N, K/8], ws float16 [E, N, K/32]; KW = K / 8, KB = K / 32 and the expert strides arrive
+    as arguments so Triton proves 16-byte alignment (gemv_dp4a.py says why). Output, partials and counters as
+    epilogue.finish_rows says, indexed by the original row r.
     """
-    pid_n, tile, split = grid_ids(TILE_MAJOR)
     BLOCK_W: tl.constexpr = BLOCK_K // 8
     NB: tl.constexpr = BLOCK_K // 32
-    n_rows = tl.load(rows_ptr + tile)
-    if n_rows > 0:                                   # dead tiles (the static budget's spare) read nothing
-        g = tl.load(group_ptr + tile).to(tl.int64)
-        valid = g < E                                # group E: the invalid-id bucket -> NaN rows
-        e = tl.where(valid, g, 0)
-        row0 = tl.load(row0_ptr + tile)
-        r_first = tl.load(order_ptr + row0)
-        offs_n, n_mask, w_rows, s_rows = expert_tile(w_ptr, ws_ptr, e, stride_we, stride_se, pid_n, N, KW, KB,
-                                                     BLOCK_N)
-        offs_w = tl.arange(0, BLOCK_W)
-        offs_b = tl.arange(0, NB)
-        # Row m's x and scale pointers (a row past n_rows repeats the first: in bounds, never accumulated).
-        x0, s0 = _row_ptrs(order_ptr, row0, 0, n_rows, r_first, x_ptr, xs_ptr, stride_x, stride_xs, ROWS_PER_X)
-        x1, s1 = _row_ptrs(order_ptr, row0, 1, n_rows, r_first, x_ptr, xs_ptr, stride_x, stride_xs, ROWS_PER_X)
-        x2, s2 = _row_ptrs(order_ptr, row0, 2, n_rows, r_first, x_ptr, xs_ptr, stride_x, stride_xs, ROWS_PER_X)
-        x3, s3 = _row_ptrs(order_ptr, row0, 3, n_rows, r_first, x_ptr, xs_ptr, stride_x, stride_xs, ROWS_PER_X)
-        x4, s4 = _row_ptrs(order_ptr, row0, 4, n_rows, r_first, x_ptr, xs_ptr, stride_x, stride_xs, ROWS_PER_X)
-        x5, s5 = _row_ptrs(order_ptr, row0, 5, n_rows, r_first, x_ptr, xs_ptr, stride_x, stride_xs, ROWS_PER_X)
-        x6, s6 = _row_ptrs(order_ptr, row0, 6, n_rows, r_first, x_ptr, xs_ptr, stride_x, stride_xs, ROWS_PER_X)
-        x7, s7 = _row_ptrs(order_ptr, row0, 7, n_rows, r_first, x_ptr, xs_ptr, stride_x, stride_xs, ROWS_PER_X)
-        a0 = tl.zeros([BLOCK_N, NB], dtype=tl.float32)      # one accumulator per row, folded after the loop
-        a1 = tl.zeros_like(a0)
-        a2 = tl.zeros_like(a0)
-        a3 = tl.zeros_like(a0)
-        a4 = tl.zeros_like(a0)
-        a5 = tl.zeros_like(a0)
-        a6 = tl.zeros_like(a0)
-        a7 = tl.zeros_like(a0)
-        for i in range(0, TILES_PER_SPLIT):
-            t = split * TILES_PER_SPLIT + i
-            w_idx = t * BLOCK_W + offs_w
-            wd = tl.load(w_rows + w_idx[None, :], mask=n_mask[:, None] & (w_idx < KW)[None, :], other=0)
-            kb = t * NB + offs_b
-            wsf = tl.load(s_rows + kb[None, :], mask=n_mask[:, None] & (kb < KB)[None, :], other=0.0)
-            wsf = wsf.to(tl.float32)
-            lo = wd & 0x0F0F0F0F                     # split once, multiplied into every row of the tile
-            hi = (wd >> 4) & 0x0F0F0F0F
-            a0 = _row_step(a0, lo, hi, wsf, x0, s0, t, KW, KB, BLOCK_N, BLOCK_K, USE_ASM)
-            if BLOCK_M > 1:
-                if n_rows > 1:
-                    a1 = _row_step(a1, lo, hi, wsf, x1, s1, t, KW, KB, BLOCK_N, BLOCK_K, USE_ASM)
-            if BLOCK_M > 2:
-                if n_rows > 2:
-                    a2 = _row_step(a2, lo, hi, wsf, x2, s2, t, KW, KB, BLOCK_N, BLOCK_K, USE_ASM)
-                if n_rows > 3:
-                    a3 = _row_step(a3, lo, hi, wsf, x3, s3, t, KW, KB, BLOCK_N, BLOCK_K, USE_ASM)
-            if BLOCK_M > 4:
-                if n_rows > 4:
-                    a4 = _row_step(a4, lo, hi, wsf, x4, s4, t, KW, KB, BLOCK_N, BLOCK_K, USE_ASM)
-                if n_rows > 5:
-                    a5 = _row_step(a5, lo, hi, wsf, x5, s5, t, KW, KB, BLOCK_N, BLOCK_K, USE_ASM)
-                if n_rows > 6:
-                    a6 = _row_step(a6, lo, hi, wsf, x6, s6, t, KW, KB, BLOCK_N, BLOCK_K, USE_ASM)
-                if n_rows > 7:
-                    a7 = _row_step(a7, lo, hi, wsf, x7, s7, t, KW, KB, BLOCK_N, BLOCK_K, USE_ASM)
-        _row_finish(a0, 0, order_ptr, row0, n_rows, r_first, valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, L, N,
-                    pid_n, offs_n, n_mask, BLOCK_N, NB, SPLIT_K, TOPK, HAS_W)
+    r_first = tl.load(order_ptr + row0)
+    offs_n, n_mask, w_rows, s_rows = expert_tile(w_ptr, ws_ptr, e, stride_we, stride_se, pid_n, N, KW, KB,
+                                                 BLOCK_N)
+    offs_w = tl.arange(0, BLOCK_W)
+    offs_b = tl.arange(0, NB)
+    # Row m's x and scale pointers (a row past n_rows repeats the first: in bounds, never accumulated).
+    x0, s0 = _row_ptrs(order_ptr, row0, 0, n_rows, r_first, x_ptr, xs_ptr, stride_x, stride_xs, ROWS_PER_X)
+    x1, s1 = _row_ptrs(order_ptr, row0, 1, n_rows, r_first, x_ptr, xs_ptr, stride_x, stride_xs, ROWS_PER_X)
+    x2, s2 = _row_ptrs(order_ptr, row0, 2, n_rows, r_first, x_ptr, xs_ptr, stride_x, stride_xs, ROWS_PER_X)
+    x3, s3 = _row_ptrs(order_ptr, row0, 3, n_rows, r_first, x_ptr, xs_ptr, stride_x, stride_xs, ROWS_PER_X)
+    x4, s4 = _row_ptrs(order_ptr, row0, 4, n_rows, r_first, x_ptr, xs_ptr, stride_x, stride_xs, ROWS_PER_X)
+    x5, s5 = _row_ptrs(order_ptr, row0, 5, n_rows, r_first, x_ptr, xs_ptr, stride_x, stride_xs, ROWS_PER_X)
+    x6, s6 = _row_ptrs(order_ptr, row0, 6, n_rows, r_first, x_ptr, xs_ptr, stride_x, stride_xs, ROWS_PER_X)
+    x7, s7 = _row_ptrs(order_ptr, row0, 7, n_rows, r_first, x_ptr, xs_ptr, stride_x, stride_xs, ROWS_PER_X)
+    a0 = tl.zeros([BLOCK_N, NB], dtype=tl.float32)      # one accumulator per row, folded after the loop
+    a1 = tl.zeros_like(a0)
+    a2 = tl.zeros_like(a0)
+    a3 = tl.zeros_like(a0)
+    a4 = tl.zeros_like(a0)
+    a5 = tl.zeros_like(a0)
+    a6 = tl.zeros_like(a0)
+    a7 = tl.zeros_like(a0)
+    for i in range(0, TILES_PER_SPLIT):
+        t = split * TILES_PER_SPLIT + i
+        w_idx = t * BLOCK_W + offs_w
+        wd = tl.load(w_rows + w_idx[None, :], mask=n_mask[:, None] & (w_idx < KW)[None, :], other=0)
+        kb = t * NB + offs_b
+        wsf = tl.load(s_rows + kb[None, :], mask=n_mask[:, None] & (kb < KB)[None, :], other=0.0)
+        wsf = wsf.to(tl.float32)
+        lo = wd & 0x0F0F0F0F                     # split once, multiplied into every row of the tile
+        hi = (wd >> 4) & 0x0F0F0F0F
+        a0 = _row_step(a0, lo, hi, wsf, x0, s0, t, KW, KB, BLOCK_N, BLOCK_K, USE_ASM)
         if BLOCK_M > 1:
-            _row_finish(a1, 1, order_ptr, row0, n_rows, r_first, valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, L, N,
-                        pid_n, offs_n, n_mask, BLOCK_N, NB, SPLIT_K, TOPK, HAS_W)
+            if n_rows > 1:
+                a1 = _row_step(a1, lo, hi, wsf, x1, s1, t, KW, KB, BLOCK_N, BLOCK_K, USE_ASM)
         if BLOCK_M > 2:
-            _row_finish(a2, 2, order_ptr, row0, n_rows, r_first, valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, L, N,
-                        pid_n, offs_n, n_mask, BLOCK_N, NB, SPLIT_K, TOPK, HAS_W)
-            _row_finish(a3, 3, order_ptr, row0, n_rows, r_first, valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, L, N,
-                        pid_n, offs_n, n_mask, BLOCK_N, NB, SPLIT_K, TOPK, HAS_W)
+            if n_rows > 2:
+                a2 = _row_step(a2, lo, hi, wsf, x2, s2, t, KW, KB, BLOCK_N, BLOCK_K, USE_ASM)
+            if n_rows > 3:
+                a3 = _row_step(a3, lo, hi, wsf, x3, s3, t, KW, KB, BLOCK_N, BLOCK_K, USE_ASM)
         if BLOCK_M > 4:
-            _row_finish(a4, 4, order_ptr, row0, n_rows, r_first, valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, L, N,
-                        pid_n, offs_n, n_mask, BLOCK_N, NB, SPLIT_K, TOPK, HAS_W)
-            _row_finish(a5, 5, order_ptr, row0, n_rows, r_first, valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, L, N,
-                        pid_n, offs_n, n_mask, BLOCK_N, NB, SPLIT_K, TOPK, HAS_W)
-            _row_finish(a6, 6, order_ptr, row0, n_rows, r_first, valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, L, N,
-                        pid_n, offs_n, n_mask, BLOCK_N, NB, SPLIT_K, TOPK, HAS_W)
-            _row_finish(a7, 7, order_ptr, row0, n_rows, r_first, valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, L, N,
-                        pid_n, offs_n, n_mask, BLOCK_N, NB, SPLIT_K, TOPK, HAS_W)
+            if n_rows > 4:
+                a4 = _row_step(a4, lo, hi, wsf, x4, s4, t, KW, KB, BLOCK_N, BLOCK_K, USE_ASM)
+            if n_rows > 5:
+                a5 = _row_step(a5, lo, hi, wsf, x5, s5, t, KW, KB, BLOCK_N, BLOCK_K, USE_ASM)
+            if n_rows > 6:
+                a6 = _row_step(a6, lo, hi, wsf, x6, s6, t, KW, KB, BLOCK_N, BLOCK_K, USE_ASM)
+            if n_rows > 7:
+                a7 = _row_step(a7, lo, hi, wsf, x7, s7, t, KW, KB, BLOCK_N, BLOCK_K, USE_ASM)
+    _row_finish(a0, 0, order_ptr, row0, n_rows, r_first, valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, L, N,
+                pid_n, offs_n, n_mask, BLOCK_N, NB, SPLIT_K, TOPK, HAS_W)
+    if BLOCK_M > 1:
+        _row_finish(a1, 1, order_ptr, row0, n_rows, r_first, valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, L, N,
+                    pid_n, offs_n, n_mask, BLOCK_N, NB, SPLIT_K, TOPK, HAS_W)
+    if BLOCK_M > 2:
+        _row_finish(a2, 2, order_ptr, row0, n_rows, r_first, valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, L, N,
+                    pid_n, offs_n, n_mask, BLOCK_N, NB, SPLIT_K, TOPK, HAS_W)
+        _row_finish(a3, 3, order_ptr, row0, n_rows, r_first, valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, L, N,
+                    pid_n, offs_n, n_mask, BLOCK_N, NB, SPLIT_K, TOPK, HAS_W)
+    if BLOCK_M > 4:
+        _row_finish(a4, 4, order_ptr, row0, n_rows, r_first, valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, L, N,
+                    pid_n, offs_n, n_mask, BLOCK_N, NB, SPLIT_K, TOPK, HAS_W)
+        _row_finish(a5, 5, order_ptr, row0, n_rows, r_first, valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, L, N,
+                    pid_n, offs_n, n_mask, BLOCK_N, NB, SPLIT_K, TOPK, HAS_W)
+        _row_finish(a6, 6, order_ptr, row0, n_rows, r_first, valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, L, N,
+                    pid_n, offs_n, n_mask, BLOCK_N, NB, SPLIT_K, TOPK, HAS_W)
+        _row_finish(a7, 7, order_ptr, row0, n_rows, r_first, valid, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, L, N,
+                    pid_n, offs_n, n_mask, BLOCK_N, NB, SPLIT_K, TOPK, HAS_W)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .epilogue import finish_rows, fold_blocks, grid_ids
+from .epilogue import finish_rows, fold_blocks
 
 
 @triton.jit
@@ -59,13 +59,18 @@ def _codes(wb, SHIFT: tl.constexpr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr, pid_n, split, row0, n_rows,
-          e, valid, L, N, stride_x, stride_xs, stride_we, KH, stride_se, KB,
-          ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, TOPK: tl.constexpr,
-          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_W: tl.constexpr,
-          USE_ASM: tl.constexpr, W_TMA: tl.constexpr):
-    """Rows row0 .. row0 + n_rows - 1 of `order` (n_rows <= BLOCK_M) against expert e's BLOCK_N columns at
-    pid_n, K split `split`: the loop, the fold and epilogue.finish_rows."""
+def mma_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr, pid_n, split, row0, n_rows,
+             e, valid, L, N, stride_x, stride_xs, stride_we, KH, stride_se, KB,
+             ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, TOPK: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_W: tl.constexpr,
+             USE_ASM: tl.constexpr, W_TMA: tl.constexpr):
+    """The tile body of grouped_kernel.grouped_kernel on the tensor cores: rows row0 .. row0 + n_rows - 1 of
+    `order` (n_rows <= BLOCK_M) against expert e's BLOCK_N columns at pid_n, K split `split`: the loop, the fold
+    and epilogue.finish_rows.
+
+    x int8 [*, K], xs float32 [*, K/32]; w uint8 [E, N, K/2] (even k low nibble), ws float16 [E, N, K/32];
+    KH = K / 2 bytes per weight row, KB = K / 32; BLOCK_K a power of two >= 32. W_TMA: w_ptr is instead a
+    TensorDescriptor over w viewed as [E * N, KH] with a [BLOCK_N, BLOCK_K / 2] box (the launcher's)."""
     NB: tl.constexpr = BLOCK_K // 32
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < n_rows
@@ -110,39 +115,3 @@ def _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, t
     y = fold_blocks(tl.reshape(tl.permute(acc, (2, 1, 0)), [BLOCK_M * BLOCK_N, NB]), BLOCK_M * BLOCK_N, NB)
     finish_rows(tl.reshape(y, [BLOCK_M, BLOCK_N]), valid, r, m_mask, out_ptr, part_ptr, cnt_ptr, tw_ptr,
                 split, L, N, pid_n, tl.cdiv(N, BLOCK_N), offs_n, n_mask, SPLIT_K, TOPK, HAS_W)
-
-
-@triton.jit
-def grouped_mma_kernel(
-    # Pointers
-    x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, row0_ptr, rows_ptr, group_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr,
-    # Dimensions
-    L, N, E, stride_x, stride_xs, stride_we, KH, stride_se, KB,
-    # Meta-parameters
-    ROWS_PER_X: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, TOPK: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_W: tl.constexpr,
-    TILE_MAJOR: tl.constexpr, USE_ASM: tl.constexpr, HALF_TILES: tl.constexpr = False, W_TMA: tl.constexpr = False,
-):
-    """One program owns out[rows of tile, n0 : n0 + BLOCK_N] for K-split `split` (grid: (N tiles, SPLIT_K,
-    T), or (T, SPLIT_K, N tiles) when TILE_MAJOR).
-
-    x int8 [*, K], xs float32 [*, K/32]; w uint8 [E, N, K/2] (even k low nibble), ws float16 [E, N, K/32];
-    KH = K / 2 bytes per weight row, KB = K / 32; BLOCK_K a power of two >= 32. HALF_TILES (BLOCK_M >= 16):
-    a tile of at most BLOCK_M / 2 rows runs the loop of height BLOCK_M / 2. W_TMA: w_ptr is instead a
-    TensorDescriptor over w viewed as [E * N, KH] with a [BLOCK_N, BLOCK_K / 2] box (the launcher's).
-    """
-    pid_n, tile, split = grid_ids(TILE_MAJOR)
-    n_rows = tl.load(rows_ptr + tile)
-    if n_rows > 0:
-        g = tl.load(group_ptr + tile).to(tl.int64)
-        valid = g < E
-        e = tl.where(valid, g, 0)
-        row0 = tl.load(row0_ptr + tile)
-        if HALF_TILES and n_rows <= BLOCK_M // 2:
-            _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr, pid_n, split, row0,
-                  n_rows, e, valid, L, N, stride_x, stride_xs, stride_we, KH, stride_se, KB, ROWS_PER_X,
-                  TILES_PER_SPLIT, SPLIT_K, TOPK, BLOCK_M // 2, BLOCK_N, BLOCK_K, HAS_W, USE_ASM, W_TMA)
-        else:
-            _tile(x_ptr, xs_ptr, w_ptr, ws_ptr, order_ptr, out_ptr, part_ptr, cnt_ptr, tw_ptr, pid_n, split, row0,
-                  n_rows, e, valid, L, N, stride_x, stride_xs, stride_we, KH, stride_se, KB, ROWS_PER_X,
-                  TILES_PER_SPLIT, SPLIT_K, TOPK, BLOCK_M, BLOCK_N, BLOCK_K, HAS_W, USE_ASM, W_TMA)

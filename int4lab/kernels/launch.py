@@ -29,8 +29,7 @@ from .._checks import check_contiguous, check_out, check_shape, check_tensor, in
 from . import plan as _plan
 from .gemv_dp4a import PDL_TILES, X_CODES, X_FLOAT, X_SWIGLU, gemv_dp4a_kernel
 from .gemv_w4a16 import W4A16_BLOCK_K, W4A16_BLOCK_N, gemv_w4a16_kernel
-from .grouped_dp4a import grouped_dp4a_kernel
-from .grouped_mma import grouped_mma_kernel
+from .grouped_kernel import grouped_kernel
 from .quant import quant_rows_kernel
 
 __all__ = ["WORKSPACES", "workspace", "launch_gemv", "run_gemv", "run_w4a16", "run_grouped", "run_quant_rows",
@@ -147,19 +146,19 @@ def run_grouped(p, xq, xs, packed, scales, tiles, out, *, rows_per_x=1, topk_w=N
                   TILES_PER_SPLIT=_cdiv(_cdiv(K, p.block_k), sk), num_warps=p.num_warps,
                   num_stages=p.num_stages)
     if p.kind == "dp4a":
-        grouped_dp4a_kernel[grid](
+        grouped_kernel[grid](
             xq.view(torch.int32), xs, packed.view(torch.int32), scales, tiles.order, tiles.row0, tiles.rows,
             tiles.group, out, part, cnt, tw, L, N, E, xq.stride(0) // 4, xs.stride(0), N * K // 8, K // 8,
-            N * K // 32, K // 32, USE_ASM=not _INTERP, **common)
+            N * K // 32, K // 32, USE_ASM=not _INTERP, MMA=False, **common)
     else:
         # TMA wants a 16-byte aligned base (K / 2 is a multiple of 16 by the format); a view that is not falls back
         # to the threads' loads, which give the same bits
         tma = p.tma and packed.data_ptr() % 16 == 0
         w = TensorDescriptor.from_tensor(packed.view(E * N, K // 2), [p.block_n, p.block_k // 2]) if tma else packed
-        grouped_mma_kernel[grid](
+        grouped_kernel[grid](
             xq, xs, w, scales, tiles.order, tiles.row0, tiles.rows, tiles.group, out, part, cnt, tw,
             L, N, E, xq.stride(0), xs.stride(0), N * K // 2, K // 2, N * K // 32, K // 32, USE_ASM=not _INTERP,
-            HALF_TILES=p.half_tiles, W_TMA=tma, **common)
+            MMA=True, HALF_TILES=p.half_tiles, W_TMA=tma, **common)
     return out
 
 

@@ -80,25 +80,25 @@ def compile_variant(bn, bk, nw, ns, prefetch, x_mode, split_k, arch=90):
 
 def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, tile_major, half_tiles=False, arch=90, fn=None,
                     w_tma=False, maxnreg=None):
-    """A grouped kernel for `arch`. fn: a variant of the mma kernel instead of the tree's; w_tma:
+    """The grouped kernel (int4lab.kernels.grouped_kernel) for `arch`. fn: a variant of it instead of the tree's; w_tma:
     the weights as a TensorDescriptor of a [bn, bk / 2] box (the sm_90 table's path, where the kernel has it);
     maxnreg: a cap on registers per thread (ptxas spills what does not fit)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from int4lab.kernels.grouped_dp4a import grouped_dp4a_kernel
-    from int4lab.kernels.grouped_mma import grouped_mma_kernel
+    from int4lab.kernels.grouped_kernel import grouped_kernel
     dp4a = kind == "dp4a"
     sig = {"x_ptr": "*i32" if dp4a else "*i8", "xs_ptr": "*fp32", "w_ptr": "*i32" if dp4a else "*u8",
            "ws_ptr": "*fp16", "order_ptr": "*i32", "row0_ptr": "*i32", "rows_ptr": "*i32", "group_ptr": "*i32",
            "out_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32", "tw_ptr": "*fp32", "L": "i32", "N": "i32",
-           "E": "i32", "stride_x": "i32", "stride_xs": "i32", "stride_we": "i32", "KW" if dp4a else "KH": "i32",
+           "E": "i32", "stride_x": "i32", "stride_xs": "i32", "stride_we": "i32", "KW": "i32",
            "stride_se": "i32", "KB": "i32"}
     cst = {"ROWS_PER_X": 1, "TILES_PER_SPLIT": 2, "SPLIT_K": split_k, "TOPK": topk, "BLOCK_M": bm, "BLOCK_N": bn,
            "BLOCK_K": bk, "HAS_W": topk > 1}
     cst["TILE_MAJOR"] = tile_major
     cst["USE_ASM"] = True
+    cst["MMA"] = not dp4a
     if half_tiles:
         cst["HALF_TILES"] = True
     if w_tma:
@@ -108,7 +108,7 @@ def compile_grouped(kind, bm, bn, bk, nw, split_k, topk, tile_major, half_tiles=
     names = list(sig)
     aligned = [k for k, t in sig.items() if t.startswith("*")] + ["stride_x", "stride_we", names[18], "stride_se", "KB"]
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in aligned}
-    fn = fn or (grouped_dp4a_kernel if dp4a else grouped_mma_kernel)
+    fn = fn or grouped_kernel
     return triton.compile(ASTSource(fn=fn, signature=sig,
                                     constexprs=cst, attrs=attrs),
                           target=GPUTarget("cuda", arch, 32), options={"num_warps": nw, "maxnreg": maxnreg,
