@@ -25,16 +25,18 @@ from triton.language.extra.cuda import libdevice
 from .._checks import FLOAT_DTYPES, check_rows_and_weight, check_tensor, interpreting
 from .epilogue import to_bf16_rne
 
-OUT_F32, OUT_BF16, OUT_F16 = 0, 1, 2
-_OUT = {torch.float32: OUT_F32, torch.bfloat16: OUT_BF16, torch.float16: OUT_F16}
+# Output dtype codes (a kernel's OUT / LOGITS / WTS argument). tl.constexpr, so that a kernel may compare with
+# them: the compiler reads no other module-level value inside a kernel (the interpreter would).
+OUT_F32, OUT_BF16, OUT_F16 = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+_OUT = {torch.float32: OUT_F32.value, torch.bfloat16: OUT_BF16.value, torch.float16: OUT_F16.value}
 
 
 @triton.jit
 def round_to(v, OUT: tl.constexpr):
     """float32 -> the output dtype's value (round to nearest even), as float32 arithmetic continues."""
-    if OUT == 1:
+    if OUT == OUT_BF16:
         return to_bf16_rne(v).to(tl.float32)
-    elif OUT == 2:
+    elif OUT == OUT_F16:
         return v.to(tl.float16).to(tl.float32)
     else:
         return v
@@ -62,7 +64,7 @@ def rms_norm_kernel(
         inv = 1.0 / tl.sqrt(v)
     n = round_to(x * inv, OUT)
     y = round_to(tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32) * n, OUT)
-    if OUT == 1:
+    if OUT == OUT_BF16:
         tl.store(y_ptr + r * N + offs, to_bf16_rne(y), mask=m)
     else:
         tl.store(y_ptr + r * N + offs, y.to(y_ptr.dtype.element_ty), mask=m)
