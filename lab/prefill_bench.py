@@ -149,7 +149,8 @@ def run(arch="olmoe", layers=4, width="real", act="int8", targets="experts+attn"
     g = torch.Generator().manual_seed(seed)
     ids = {f"{B}x{T}": torch.randint(0, cfg.vocab_size, (B, T), generator=g).to(dev) for B, T in batches}
     rows = {key: {"batch": key, "tokens": x.numel(), "default_takes_prefill": {
-        "attn": x.numel() >= PREFILL_MIN_ROWS, "experts": x.numel() * k >= PREFILL_MIN_ROWS * E}}
+        "attn": PREFILL_MIN_ROWS is not None and x.numel() >= PREFILL_MIN_ROWS,
+        "experts": PREFILL_MIN_ROWS is not None and x.numel() * k >= PREFILL_MIN_ROWS * E}}
         for key, x in ids.items()}
     logits = {}
 

@@ -294,15 +294,18 @@ def _spy(monkeypatch, name):
 
 
 def test_int4_linear_takes_the_prefill_path_from_the_threshold(monkeypatch, device):
-    assert PREFILL_MIN_ROWS == 64 and Int4Linear.prefill_min_rows == PREFILL_MIN_ROWS
+    assert PREFILL_MIN_ROWS is None and Int4Linear.prefill_min_rows is None      # off by default (module doc)
     lin = nn.Linear(64, 32, bias=True)
     mod = Int4Linear.from_linear(lin, "int8").to(device)
     mod.kernels = True
     calls = _spy(monkeypatch, "prefill_linear")
+    x3 = torch.randn(2, 32, 64, device=device)                                 # 64 rows in a [B, T, K] input
+    mod(x3)
+    assert calls == []                                                         # off: the decode kernel, any rows
+    mod.prefill_min_rows = 64
     x = torch.randn(63, 64, device=device)
     below = mod(x)                                                             # 63 rows: the decode kernel
     assert calls == []
-    x3 = torch.randn(2, 32, 64, device=device)                                 # 64 rows in a [B, T, K] input
     y = mod(x3)
     assert calls == [2] and y.shape == (2, 32, 32) and y.dtype == x3.dtype
     want = prefill_matmul(x3.reshape(64, 64), mod.packed, mod.scales, "int8").float() + mod.bias
@@ -325,6 +328,9 @@ def test_int4_experts_takes_the_prefill_path_from_the_threshold(monkeypatch, dev
         mod(torch.randn(4, 64).bfloat16().to(device), ids.to(device), tw.to(device))   # 8 routed rows
         assert calls == [4]
     assert mod.prefill_min_rows == PREFILL_MIN_ROWS and "prefill_min_rows" not in mod.__dict__
+    with prefill_rows(nn.ModuleList([mod]), None):                            # None: never
+        mod(torch.randn(64, 64).bfloat16().to(device), *(t.to(device) for t in routing(64, 2, 4, used=4)))
+    assert calls == [4]
 
 
 def test_bad_arguments_are_refused(device):

@@ -77,7 +77,7 @@ class _Int4Module(nn.Module):
     (decoded once, not on every call; a changed buffer changes its version or storage and is decoded again)."""
 
     kernels: bool | None = None
-    prefill_min_rows: int = PREFILL_MIN_ROWS    # rows per decoded weight from which kernels take the prefill path
+    prefill_min_rows: int | None = PREFILL_MIN_ROWS   # rows per decoded weight from which kernels take the prefill path (None: never)
 
     def _kernels_for(self, t: torch.Tensor) -> bool:
         return t.is_cuda if self.kernels is None else bool(self.kernels)
@@ -128,7 +128,8 @@ class Int4Linear(_Int4Module):
         return cls(packed.to(dev), scales.to(dev), act, lin.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._kernels_for(x) and x.numel() >= self.prefill_min_rows * self.in_features:
+        if self.prefill_min_rows is not None and self._kernels_for(x) and \
+                x.numel() >= self.prefill_min_rows * self.in_features:
             return prefill_linear(self, x)                          # many rows: quantize/prefill.py
         x2 = x.reshape(-1, self.in_features)
         if self._kernels_for(x2):
@@ -185,7 +186,8 @@ class Int4Experts(_Int4Module):
         return cls(tuple(t.to(dev) for t in gate_up), tuple(t.to(dev) for t in down), experts.act_fn, act)
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
-        if self._kernels_for(hidden_states) and top_k_index.numel() >= self.prefill_min_rows * self.num_experts:
+        if self.prefill_min_rows is not None and self._kernels_for(hidden_states) and \
+                top_k_index.numel() >= self.prefill_min_rows * self.num_experts:
             return prefill_experts(self, hidden_states, top_k_index, top_k_weights)   # quantize/prefill.py
         ker = self._kernels_for(hidden_states)
         if ker and self.act == "int8" and self.swiglu:

@@ -5,7 +5,13 @@ Shape legend: R = rows (tokens), H = hidden size, E = experts, k = experts per t
 A module whose kernels are on (CUDA tensors, or `kernels_on_cpu`) sends a call through the prefill path
 when every weight it decodes serves, on average, at least `prefill_min_rows` rows: R for an Int4Linear,
 R * k / E for an Int4Experts (the mean routed rows per expert). The module attribute defaults to
-PREFILL_MIN_ROWS; `prefill_rows(model, n)` changes it for a block (0: always, a huge n: never).
+PREFILL_MIN_ROWS; `prefill_rows(model, n)` changes it for a block (0: always, None: never).
+
+Off by default (PREFILL_MIN_ROWS = None): on an H100 the path scored 0.93x bf16's tokens/s
+(data/receipts/prefill_h100.json), but 12 of tests/test_prefill.py's 32 tests failed there (the activation codes
+against quant_x_rows_ref, and the experts' output against its stated bound; the dense matmuls passed), and the
+cause is not yet found. Until they pass on a GPU, scoring runs through the decode kernels, whose numerics are
+verified; `with prefill_rows(model, 64):` turns the path on for a run that accepts that.
 
 Why 64, and why rows per weight: the prefill path pays ~4.6 bytes of memory traffic per weight per call
 (decode 0.5625 read + 2 written, the GEMM's 2 read back) where a decode kernel reads 0.5625 once; the
@@ -22,7 +28,7 @@ import contextlib
 
 import torch
 
-PREFILL_MIN_ROWS = 64
+PREFILL_MIN_ROWS = None        # off until its tests pass on a GPU (module doc); 64 rows per weight when on
 
 
 def prefill_linear(mod, x: torch.Tensor) -> torch.Tensor:
@@ -50,17 +56,18 @@ def prefill_rows(model: torch.nn.Module, min_rows: int):
     """Inside this block the int4 modules of `model` take the prefill path from `min_rows` rows per weight
     (module doc); their previous setting is restored on exit."""
     from .modules import _Int4Module
-    if not isinstance(min_rows, int) or isinstance(min_rows, bool) or min_rows < 0:
-        raise ValueError(f"min_rows must be a non-negative int, got {min_rows!r}")
+    if min_rows is not None and (not isinstance(min_rows, int) or isinstance(min_rows, bool) or min_rows < 0):
+        raise ValueError(f"min_rows must be a non-negative int or None (never), got {min_rows!r}")
     mods = [m for m in model.modules() if isinstance(m, _Int4Module)]
-    old = [m.__dict__.get("prefill_min_rows") for m in mods]
+    missing = object()
+    old = [m.__dict__.get("prefill_min_rows", missing) for m in mods]
     for m in mods:
         m.prefill_min_rows = min_rows
     try:
         yield model
     finally:
         for m, o in zip(mods, old):
-            if o is None:
+            if o is missing:
                 del m.prefill_min_rows          # back to the class default
             else:
                 m.prefill_min_rows = o
