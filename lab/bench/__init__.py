@@ -1,7 +1,7 @@
 """Batch-1 decode timing harness: our int4-b32 kernels beside their peers and the read floor, one run, one
 receipt.
 
-    python -m lab.bench                       # full run on a CUDA device -> data/receipts/decode_h200.json
+    python -m lab.bench                       # full run on a CUDA device -> runs/decode_<card>.json
     python -m lab.bench --quick               # two GEMV shapes + Qwen3's MoE layer (< 1 min), same code path
     python -m lab.bench --only int4_b32,bf16 --out /tmp/r.json
     python -m lab.bench --dry-run             # no timing: shapes, routed experts and bytes (works on CPU)
@@ -10,7 +10,7 @@ GemLite on the GPU image (no network there): build the pure-Python wheel here, c
 the run, install it there before the harness:
     pip wheel --no-deps gemlite==0.6.0.post2 -w .whl                     # on a machine with PyPI
     pip install -q --no-deps --target /tmp/site .whl/gemlite-0.6.0.post2-py3-none-any.whl
-    PYTHONPATH=$PWD:/tmp/site python -m lab.bench --out $OUT/decode_h200.json
+    PYTHONPATH=$PWD:/tmp/site python -m lab.bench --out $OUT/decode_h100.json
 Its declared dependencies (numpy, tqdm, triton>=3.6.0) are already on the GPU image.
 
 Method (what one `us` means; `timing.py`):

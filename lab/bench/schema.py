@@ -1,5 +1,5 @@
 """The decode receipt's schema: implementation names, row keys and the validators the bench runs before
-writing and the report runs after reading (`data/receipts/decode_h200.json`).
+writing and the report runs after reading (`DEFAULT_OUT`, the current decode receipt).
 
 Shape legend: E = experts, N = out features, K = in features, R = rows (tokens); MoE rows carry N = I
 (one expert's intermediate width), K = H (hidden), layer "moe".
@@ -15,7 +15,7 @@ import math
 
 from int4lab.paths import RECEIPTS
 
-DEFAULT_OUT = RECEIPTS / "decode_h200.json"
+DEFAULT_OUT = RECEIPTS / "decode_h100.json"     # the current decode receipt (its card in the name)
 
 GEMV_IMPLS = ("int4_b32", "w4a16_cutlass", "bf16", "tinygemm", "gemlite")
 MOE_IMPLS = ("int4_b32_moe", "bf16_loop", "grouped_mm", "int4_b32_grouped")
