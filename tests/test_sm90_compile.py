@@ -1,0 +1,39 @@
+"""Every kernel the fused decode layer adds compiles for an H100 / H200 (sm_90) on this machine, without a GPU.
+
+The CPU interpreter accepts what the compiler refuses (a kernel that reads a module-level value that is not a
+tl.constexpr runs in the interpreter and fails to compile), so the interpreter tests alone cannot catch it. Run in
+a subprocess: compiling needs the interpreter off, and this process has it on."""
+import os
+import subprocess
+import sys
+
+import int4lab as il
+
+SCRIPT = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from int4lab.kernels.norm import rms_norm_kernel
+from int4lab.kernels.router import router_topk_kernel
+
+def comp(fn, sig, cst):
+    sig = dict(sig, **{k: "constexpr" for k in cst})
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cst), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4})
+
+for out in (0, 1, 2):                      # float32, bfloat16, float16 outputs
+    comp(router_topk_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", logits_ptr="*bf16", wts_ptr="*fp32",
+                                  ids_ptr="*i64", cnt_ptr="*i32", stride_x="i32"),
+         dict(H=2048, E=64, TOPK=8, KP=8, RENORM=True, BLOCK_E=4, BLOCK_H=1024, EP=64, E_TILES=16, LOGITS=out,
+              WTS=out, USE_LIBDEVICE=True))
+    comp(rms_norm_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", N="i32", stride_x="i32", eps="fp32"),
+         dict(BLOCK=2048, OUT=out, USE_LIBDEVICE=True))
+    print("compiled", out)
+"""
+
+
+def test_norm_and_router_kernels_compile_for_sm90():
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(il.ROOT)}
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["compiled", "0", "compiled", "1", "compiled", "2"]
