@@ -1,7 +1,7 @@
 """The real-checkpoint path at real width: synthetic checkpoint -> gate by path -> save / reload -> decode.
 
     python -m lab.realscale --arch mixtral olmoe qwen3_moe --layers 2 --workdir /tmp/rs \
-        --out data/receipts/realscale_h200.json                       # on a GPU: the published widths
+        --out /tmp/realscale.json                                     # on a GPU: the published widths
     python -m lab.realscale --arch olmoe --layers 2 --width tiny --workdir /tmp/rs --out r.json   # CPU
 
 Per architecture: `lab.synth` writes the published configuration truncated to --layers decoder

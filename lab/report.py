@@ -30,7 +30,7 @@ from pathlib import Path
 from lab.bench.decide import decided
 from lab.bench.schema import DEFAULT_OUT, OURS_MOE, validate_receipt
 from int4lab.paths import RECEIPTS
-from int4lab.receipts import portable_command, read_receipt
+from int4lab.receipts import portable_command, read_receipt, write_text_atomic
 from int4lab.shapes import MODELS, all_shapes
 
 ANCHORS = RECEIPTS / "anchors"
@@ -668,7 +668,7 @@ def rewrite_readme(readme, block: str, start: str = START, end: str = END) -> Pa
         raise ValueError(f"{readme} must contain {start} followed by {end}")
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
-    readme.write_text(f"{head}{start}\n{block}\n{end}{tail}")
+    write_text_atomic(readme, f"{head}{start}\n{block}\n{end}{tail}")
     return readme
 
 
@@ -716,7 +716,6 @@ def pack_table(receipts=RECEIPTS) -> str:
 
 
 REALSCALE_START, REALSCALE_END = "<!-- realscale-table:start -->", "<!-- realscale-table:end -->"
-REALSCALE = "realscale_h200.json"
 
 
 def _gb(x) -> str:
@@ -727,54 +726,79 @@ def _s(x) -> str:
     return "–" if x is None else f"{x:.3g} s"
 
 
+def stale_note(path: Path, rec: dict) -> str:
+    """"" when the receipt measured the sources this tree holds; else a bold line saying it did not, with
+    receipts.STALE's reason when the staleness is acknowledged there."""
+    from int4lab.receipts import STALE, sources_hash
+    src = rec["provenance"].get("sources") or {}
+    if src.get("sha256") and src["sha256"] == sources_hash(src["kind"]):
+        return ""
+    why = STALE.get(Path(path).name, "not acknowledged in int4lab/receipts.py STALE: regenerate it")
+    return f"**Stale: `{Path(path).name}` measured earlier {src.get('kind', '?')} sources**: {why}.\n\n"
+
+
 def realscale_table(receipts=RECEIPTS) -> str:
-    """The real-checkpoint path (`python -m lab.realscale`): per architecture, what was measured at the
-    published width on --layers layers and its extrapolation to the published depth (fixed + layers x
-    per_layer, the arithmetic in the receipt). "not yet measured" without the receipt. The receipt's decode
-    timing (int4 kernels against the bf16 model's eager expert loop) is left out: it is not a decode-step result."""
-    path = Path(receipts) / REALSCALE
-    if not path.exists():
-        return (f"*Not yet measured*: `data/receipts/{REALSCALE}` does not exist. It is written by "
-                "`lab/realscale_run.sh` (`python -m lab.realscale`) on a GPU.")
-    r = read_receipt(path)
-    lines = ["| model (published config) | measured | bf16 checkpoint | int4 checkpoint (GPTQ experts+attn) | "
-             "load (bf16) | RTN experts+attn | GPTQ experts+attn | GPTQ per expert matrix | peak GPU / host "
-             "(gate, measured layers) | device_map split |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for arch, a in sorted(r.get("archs", {}).items()):
-        ex = a.get("extrapolation", {})
-        full = lambda k: (ex.get(k) or {}).get("full_depth")                       # noqa: E731
-        g = a.get("gate") or {}
-        gq = next((v for k, v in (g.get("gptq_per_layer") or {}).items() if k.startswith("gptq/experts+attn")), {})
-        split = a.get("gate_split") or {}
-        placed = ", ".join(f"{k}: {v}" for k, v in sorted(split.get("device_map_entries", {}).items()))
-        split_s = ("skipped" if "skipped" in split else "error" if "gate_split" in (a.get("errors") or {})
-                   else placed or "–")
-        errs = sorted(a.get("errors") or {})
-        lines.append(_line([
-            f"{arch}" + (f" (errors: {', '.join(errs)})" if errs else ""),
-            f"{a.get('layers')} of {a.get('full_layers')} layers, {a.get('width')} width",
-            _gb(full("bf16_bytes")), _gb(full("quantized_bytes")), _s(full("load_s")),
-            _s(full("quantise_s rtn/experts+attn/W4A8")), _s(full("quantise_s gptq/experts+attn/W4A8 draw#0")),
-            _s(gq.get("per_expert_matrix_s")),
-            f"{_gb(g.get('gpu_peak_bytes'))} / {_gb(g.get('host_peak_bytes'))}", split_s]))
-    lines.append("")
-    # The gate holds the source and every arm at once: its weights alone are bf16 + arms x int4.
-    from int4lab.gate import plan_arms
-    least = len(plan_arms(("gptq",), lottery=0, calib_draws=1))     # round-to-nearest always runs beside GPTQ
-    need = []
-    for arch, a in sorted(r.get("archs", {}).items()):
-        ex = a.get("extrapolation", {})
-        bf, q = ((ex.get(k) or {}).get("full_depth") for k in ("bf16_bytes", "quantized_bytes"))
-        if bf and q:
-            need.append(f"{arch} {_gb(bf + least * q)} with {least} arms, {_gb(bf + 4 * q)} with 4")
-    if need:
-        lines.append(f"Weights the gate holds at the published depth (bf16 source + one int4 model per arm, before "
-                     f"activations and GPTQ scratch; the smallest GPTQ gate has {least} arms): " + "; ".join(need) + ".")
-        lines.append("")
-    lines.append(f"Sizes and times are extrapolated to the published depth from the measured layers; peaks are "
-                 f"as measured. {_prov(r)}.")
-    return "\n".join(lines)
+    """The README's gate command at the published width (`python -m lab.realscale_gate`): per architecture and
+    measured depth, the gate's wall time, the time inside its forwards, its peaks and verdicts; then each quantity
+    fitted as fixed + layers x per_layer and taken to the published depth (the arithmetic in the receipt), against
+    the targets. Then the many-row scoring path's bench (`prefill_*.json`). "not yet measured" without receipts."""
+    paths = sorted(Path(receipts).glob("realscale_gate_*.json"))
+    if not paths:
+        return ("*Not yet measured*: no `data/receipts/realscale_gate_<arch>_<card>.json`. It is written by "
+                "`python -m lab.realscale_gate` on a GPU (`lab/gpu_run.sh`, stage `gate`).")
+    out = []
+    for path in paths:
+        r = read_receipt(path)
+        lines = [stale_note(path, r) + f"`data/receipts/{path.name}` ({_prov(r)}; "
+                 f"`{portable_command(r['provenance'].get('command'))}`):", "",
+                 "| model | layers | gate | build arms (by kind, s) | score | inside forwards | gate / forwards | GPU peak | "
+                 "host peak | arms in groups | verdicts |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for arch, a in sorted(r.get("archs", {}).items()):
+            for L, d in sorted(a.get("depths", {}).items(), key=lambda kv: int(kv[0])):
+                g = d.get("gate")
+                if not g:
+                    lines.append(_line([arch, L, "error" if d.get("error") else "skipped"] + ["–"] * 8))
+                    continue
+                tm = g["timing"]
+                fw = tm["forward_s"] + tm.get("calibration_forward_s", 0.0)
+                v = list(g["verdicts"].values())
+                verdicts = ", ".join(f"{v.count(k)} {k}" for k in ("PASS", "FAIL", "UNDECIDED") if v.count(k))
+                bk = g.get("build_s_by_kind") or {}
+                build = _s(tm["build_s"]) + (" (" + ", ".join(f"{k} {v:.3g}" for k, v in sorted(bk.items())) + ")"
+                                             if bk else "")
+                lines.append(_line([arch, f"{L} of {a['full_layers']}", _s(g["s"]), build,
+                                    _s(tm["score_s"]), _s(fw), f"{g['s'] / fw:.1f}", _gb(g["gpu_peak_bytes"]),
+                                    _gb(g["host_peak_bytes"]), " + ".join(map(str, g["groups"])), verdicts]))
+            ex = a.get("extrapolation") or {}
+            if not ex:
+                continue
+            t, mem = ex["targets"], ex.get("memory") or {}
+            gof = t["gate_over_forwards"]
+            lines.append(_line([arch, f"**{ex['full_layers']} (fitted)**",
+                                f"**{_s(t['gate_s']['value'])}** (target ≤ {t['gate_s']['target']:.0f} s: "
+                                f"{'met' if t['gate_s']['met'] else 'missed'})",
+                                _s(ex["fits"]["build_s"]["full_depth"]), _s(ex["fits"]["score_s"]["full_depth"]),
+                                "–", f"**{gof['value']:.1f}** (target ≤ {gof['target']}: "
+                                f"{'met' if gof['met'] else 'missed'})", _gb(mem.get("peak_bytes")) + " predicted",
+                                _gb(ex["fits"]["host_peak_bytes"]["full_depth"]),
+                                f"{mem.get('arms_per_group')} per group, {mem.get('groups')} groups" if mem else "–",
+                                "–"]))
+            warn = [f"`{k}` ({v['warning']})" for k, v in ex["fits"].items() if v.get("warning")]
+            lines += ["", f"Fitted rows: {r['settings']['extrapolation']}; memory: {mem.get('formula', '–')}."
+                      + (f" Fits the fit itself flags: {', '.join(warn)}; a negative predicted extra time counts as 0 s."
+                         if warn else "")]
+        out.append("\n".join(lines))
+    for path in sorted(Path(receipts).glob("prefill_*.json")):
+        r = read_receipt(path)
+        st = r["settings"]
+        rows = "; ".join(f"{row['batch']}: many-row path {row['prefill_over_bf16']:.3f}×, decode path "
+                         f"{row['decode_over_bf16']:.2f}× (logits against the decode path: max relative "
+                         f"{row['logits']['prefill_vs_decode']['max_rel']:.3f})" for row in r["rows"])
+        out.append(stale_note(path, r) + f"Scoring throughput against bf16 (`data/receipts/{path.name}`, {_prov(r)}; "
+                   f"{st['arch']} at the published width, {st['layers']} layers, {st['targets']}, tokens/s over "
+                   f"bf16 with {st['experts_implementation']} experts): {rows}. Target ≥ "
+                   f"{r['target']['prefill_over_bf16_min']}×: {'met' if r['target']['met'] else 'missed'}.")
+    return "\n\n".join(out)
 
 
 DECODE_STEP_START, DECODE_STEP_END = "<!-- decode-step:start -->", "<!-- decode-step:end -->"
@@ -916,11 +940,13 @@ def main(argv=None) -> int:
                     help="rewrite this file's layout block (README.md): each folder and its size")
     ap.add_argument("--notes", type=Path, default=None,
                     help="rewrite this file's misses block (notes/kernels.md): the targets the receipt misses")
+    ap.add_argument("--pages", type=Path, nargs="*", default=[],
+                    help="other pages whose real-width and decode-step blocks to rewrite (notes/realscale.md)")
     ap.add_argument("--anchors", type=Path, default=ANCHORS, help="folder with recorded llama.cpp timings")
     args = ap.parse_args(argv)
     if args.readme:
         print(f"rewrote {rewrite_readme(args.readme, layout_block(), LAYOUT_START, LAYOUT_END)}")
-        if not (args.results or args.notes):
+        if not (args.results or args.notes or args.pages):
             return 0
     if not args.receipt.exists():
         print(f"no receipt at {args.receipt}: run `python -m lab.bench` on a CUDA machine first", file=sys.stderr)
@@ -946,10 +972,16 @@ def main(argv=None) -> int:
             rewrite_readme(args.results, realscale_table(), REALSCALE_START, REALSCALE_END)
         if DECODE_STEP_START in text:                            # the whole decode step
             rewrite_readme(args.results, decode_step_table(), DECODE_STEP_START, DECODE_STEP_END)
+    for page in args.pages:
+        text = Path(page).read_text()
+        for start, end, fn in ((REALSCALE_START, REALSCALE_END, realscale_table),
+                               (DECODE_STEP_START, DECODE_STEP_END, decode_step_table)):
+            if start in text:
+                print(f"rewrote {rewrite_readme(page, fn(), start, end)}")
     if args.notes:
         misses = misses_block(rec, anchors, spread, paired)
         print(f"rewrote {rewrite_readme(args.notes, misses, MISSES_START, MISSES_END)}")
-    if not (args.results or args.notes):
+    if not (args.results or args.notes or args.pages):
         print(block)
     return 0
 
