@@ -356,7 +356,7 @@ def paired_ratios(rec, paths=None) -> dict:
         out[key] = {"median": statistics.median(r["median"] for r, _ in runs),
                     "lo": min(r["lo"] for r, _ in runs), "hi": max(r["hi"] for r, _ in runs),
                     "n": f"{' / '.join(sorted(n_rounds))} x {len(runs)} run{'s' if len(runs) > 1 else ''}",
-                    "sessions": [r["median"] for r, _ in runs], "stale": stale.get(key, [])}
+                    "run_medians": [r["median"] for r, _ in runs], "stale": stale.get(key, [])}
     return out
 
 
