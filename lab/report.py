@@ -371,7 +371,7 @@ def _settle(target: str, measured: str, status: str, paired, key, limit: float, 
         return Check(target, measured, status, name=name)
     new = decided(d["lo"], d["hi"], limit, at_most)
     note = (f"{measured}; paired: {d['median']:.3f}× [{d['lo']:.3f}, {d['hi']:.3f}], {d['n']}"
-            + (f" (run medians {', '.join(f'{v:.3f}' for v in d['sessions'])})" if len(d["sessions"]) > 1 else ""))
+            + (f" (run medians {', '.join(f'{v:.3f}' for v in d['run_medians'])})" if len(d["run_medians"]) > 1 else ""))
     against = [s for s in d.get("stale", []) if decided(s[1], s[2], limit, at_most) not in (new, "undecided")]
     if new != "undecided" and against:
         med, lo, hi = against[0]
