@@ -9,7 +9,8 @@ receipts (never typed by hand).
 Decode columns come from the receipt's rows: µs per call, the row's read floor (`floor_us`: a kernel that only
 reads the row's int4-b32 bytes, timed in the same run; receipts from before the floor lack it and show "–"),
 `int4_b32 / floor`, and beside every peer its time over ours. The llama.cpp column is *recorded* (ggml
-test-backend-ops on the H200, data/receipts/anchors/, see PROVENANCE.md there), not re-measured. The targets
+test-backend-ops, data/receipts/anchors/, see PROVENANCE.md there), not re-measured, and shown only beside a
+receipt of the card it was recorded on (`same_card`). The targets
 have names, defined once by `target_definitions` (RESULTS.md prints them): "GEMV at the floor", "GEMV beside
 its peers", "one-token MoE step" and "batched MoE"; each is checked against the receipt: pass, miss, undecided
 or not measured.
@@ -110,6 +111,12 @@ def anchor_rows(directory=ANCHORS) -> list[dict]:
     return rows
 
 
+def same_card(rec, anchors) -> list[dict]:
+    """The recorded rows taken on the card `rec` was measured on (each anchor file names its card:
+    ggml_q4_0_h200_....txt): a time recorded on another card is no peer of this run."""
+    return [a for a in anchors if card(rec).lower() in a["source"].lower()]
+
+
 def llama_gemv_us(anchors, N: int, K: int):
     hits = [a["us"] for a in anchors if a["E"] == 1 and (a["N"], a["K"]) == (N, K)]
     return min(hits) if hits else None
@@ -174,6 +181,7 @@ def gemv_shapes(rec) -> list[tuple[str, str, int, int]]:
 
 
 def gemv_table(rec, anchors=()) -> str:
+    anchors = same_card(rec, anchors)
     head = ["model", "layer", "N×K", "read floor", "int4_b32", "int4_b32 / floor"] + list(GEMV_PEERS) + \
         [LLAMA, "int4_b32 GB/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -220,6 +228,7 @@ def moe_tile(model: str, tokens: int, generation: str = "sm90"):
 
 
 def moe_table(rec, anchors=()) -> str:
+    anchors = same_card(rec, anchors)
     head = ["model", "tokens", "experts read", "read floor", "int4-b32 routed GEMV", "int4-b32 grouped",
             "best int4 / floor", "bf16 loop", "grouped_mm (bf16)", "llama.cpp Q4_0 routed (recorded)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -241,6 +250,7 @@ def moe_table(rec, anchors=()) -> str:
 def gemv_summary(rec, anchors=()) -> list[dict]:
     """Per GEMV shape of the receipt: read floor µs, int4_b32 µs, `ratio` = ours / floor, and in `vs` each peer's
     µs / ours (> 1: ours is faster; "llama.cpp" is the recorded time); a peer not timed is absent."""
+    anchors = same_card(rec, anchors)
     out = []
     for model, layer, N, K in gemv_shapes(rec):
         w = {"model": model, "layer": layer, "N": N, "K": K}
@@ -298,14 +308,19 @@ def _within(ratio, limit, spread=0.0) -> str:
 # How far a median moves between two bench runs: the 90th percentile of |us / us' - 1| over the rows of torch's own
 # kernels (bf16 cuBLAS, tinygemm, the bf16 per-expert loop, grouped_mm), which no commit here changes, in the
 # committed receipt and an earlier full bench run on the same card (REPEATS, by the card the receipt names). A
-# target closer than that is "undecided". (Two H200 runs of 2026-12-03: median 0.3 %, 90th percentile 0.9 %.)
+# target closer than that is "undecided".
 REPEATS = {"H100": RECEIPTS / "decode_h100_6aec966.json", "H200": RECEIPTS / "decode_h200_e1e741f.json"}
+
+
+def card(rec) -> str:
+    """The card a receipt was measured on, as REPEATS names it ("H100", "H200"), else its device string."""
+    dev = str(rec.get("provenance", {}).get("device", ""))
+    return next((c for c in REPEATS if c in dev), dev)
 
 
 def repeat_of(rec) -> Path:
     """The earlier full bench on the card `rec` was measured on (REPEATS), for run_to_run."""
-    dev = str(rec.get("provenance", {}).get("device", ""))
-    return next((p for card, p in REPEATS.items() if card in dev), REPEATS["H200"])
+    return REPEATS.get(card(rec), REPEATS["H200"])
 
 
 REPEAT = repeat_of({"provenance": {"device": "H100"}})        # the current receipt's (lab.bench.schema.DEFAULT_OUT)
@@ -328,7 +343,7 @@ DECIDE_GLOB = "decide_h200*.json"
 
 def paired_ratios(rec, paths=None) -> dict:
     """{(kind, model or N, tokens or K, numerator, denominator): {"median", "lo", "hi", "n"}} over the bench.decide
-    receipts (default: RECEIPTS / DECIDE_GLOB) whose kernel hash equals `rec`'s. Several runs of the same ratio
+    receipts (default: RECEIPTS / DECIDE_GLOB) of `rec`'s card whose kernel hash equals `rec`'s. Several runs of the same ratio
     (each a file, possibly from another machine of the same model) pool into one: the median of their medians and
     the hull of all their intervals, so runs that disagree leave a target undecided. Runs of other kernel sources
     are kept as "stale" intervals: they can withhold a verdict (`_settle`), never grant one. {} when no run
@@ -341,6 +356,8 @@ def paired_ratios(rec, paths=None) -> dict:
         if not path.exists():
             continue
         dec = json.loads(path.read_text())
+        if card(dec) != card(rec):                 # another card's ratios neither grant nor withhold a verdict
+            continue
         same = mine is not None and dec.get("provenance", {}).get("kernel_sources_sha256") == mine
         m = dec["method"]
         for spec in dec["specs"]:
@@ -390,6 +407,7 @@ def targets(rec, anchors=(), spread: float = 0.0, paired=None) -> list[Check]:
     """The named targets (target_definitions; graph replay, ratios measured in the same run) evaluated on the
     receipt; a target missed or met by less than `spread` (relative; run_to_run) is "undecided", unless `paired`
     (paired_ratios: the bench.decide re-measurement of the same kernels) puts its ratio's interval on one side."""
+    anchors = same_card(rec, anchors)
     out = []
 
     def check(target, measured, status, key, limit, at_most=True, name=""):
@@ -468,7 +486,8 @@ def target_definitions() -> str:
     return "\n".join([
         f"- **{GEMV_FLOOR}**: each big batch-1 GEMV ({big}) takes at most 1.15× its read floor.",
         f"- **{GEMV_BESIDE_PEERS}**: every batch-1 decode shape of the three models is faster than bf16 cuBLAS, "
-        "tinygemm, GemLite and the recorded llama.cpp Q4_0 time, and takes at most 1.4× its read floor.",
+        "tinygemm, GemLite and the llama.cpp Q4_0 time recorded on the same card (where one is), and takes at "
+        "most 1.4× its read floor.",
         f"- **{ONE_TOKEN_MOE}**: the MoE layer at one token (gate_up, SwiGLU, down, weighted combine) takes at most "
         f"{MOE_FLOOR_LIMIT}× the read floor of its routed experts' bytes and is at least {leads} faster than the "
         f"bf16 per-expert loop ({models}).",

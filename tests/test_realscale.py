@@ -121,32 +121,32 @@ def test_max_memory_parsing_and_cli_errors(ckpt, capsys):
 def test_realscale_tiny_receipt_and_extrapolation(tmp_path, monkeypatch):
     short_documents(monkeypatch)
     out = tmp_path / "rs.json"
-    assert realscale.main(["--arch", "qwen3_moe", "--layers", "2", "--width", "tiny", "--workdir",
+    assert realscale.main(["--arch", "olmoe", "--layers", "2", "--width", "tiny", "--workdir",
                            str(tmp_path / "w"), "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["provenance"]["commit"] and r["settings"]["layers"] == 2
-    a = r["archs"]["qwen3_moe"]
+    a = r["archs"]["olmoe"]
     assert not a.get("errors")
     assert {"synth", "gate", "checkpoint", "decode", "gate_split", "extrapolation", "params"} <= set(a)
     assert len(a["synth"]["shards"]) >= 2 and a["synth"]["host_peak_bytes"] > 0
     assert set(a["gate"]["arms"]) == {"rtn/experts/W4A8", "rtn/experts+attn/W4A8", "gptq/experts/W4A8 draw#0",
                                       "gptq/experts+attn/W4A8 draw#0"}
     gp = a["gate"]["gptq_per_layer"]["gptq/experts/W4A8 draw#0"]
-    assert gp["expert_matrices_per_layer"] == 2 * 128 and gp["per_expert_matrix_s"] > 0
+    assert gp["expert_matrices_per_layer"] == 2 * 64 and gp["per_expert_matrix_s"] > 0
     assert a["checkpoint"]["bytes"] > 0 and a["checkpoint"]["load"]["s"] > 0
     assert a["decode"]["int4"]["tokens_per_s"] > 0 and a["decode"]["bf16"]["tokens_per_s"] > 0
     for name, e in a["extrapolation"].items():
         if isinstance(e, dict):
-            assert e["full_layers"] == 48 and e["layers"] == 2, name
+            assert e["full_layers"] == 16 and e["layers"] == 2, name
             assert e["measured"] == pytest.approx(e["fixed"] + 2 * e["per_layer"]), name
-            assert e["full_depth"] == pytest.approx(e["fixed"] + 48 * e["per_layer"]), name
-    # the parameter extrapolation is exact: a 48-layer tiny model has that many parameters
+            assert e["full_depth"] == pytest.approx(e["fixed"] + 16 * e["per_layer"]), name
+    # the parameter extrapolation is exact: a 16-layer tiny model has that many parameters
     from transformers import AutoModelForCausalLM
     with torch.device("meta"):
-        m = AutoModelForCausalLM.from_config(synth.synth_config("qwen3_moe", 48, "tiny"))
+        m = AutoModelForCausalLM.from_config(synth.synth_config("olmoe", 16, "tiny"))
     assert a["extrapolation"]["params"]["full_depth"] == sum(p.numel() for p in m.parameters())
     # a second architecture merges into the same receipt
-    realscale.merge_receipt(out, {"arch": "olmoe", "layers": 1}, r["settings"], "x")
+    realscale.merge_receipt(out, {"arch": "qwen3_moe", "layers": 1}, r["settings"], "x")
     assert set(json.loads(out.read_text())["archs"]) == {"qwen3_moe", "olmoe"}
 
 
