@@ -451,7 +451,11 @@ def _cells(line):
 
 def test_report_tables_show_floor_ratios_and_peer_ratios(tmp_path):
     rec = _synthetic_receipt(tmp_path)
-    anchors = report.parse_ggml(GGML_SAMPLE)
+    rec["provenance"]["device"] = "NVIDIA H100 80GB HBM3"
+    anchors = report.parse_ggml(GGML_SAMPLE, source="ggml_q4_0_h100_sample.txt")
+    other = report.parse_ggml(GGML_SAMPLE, source="ggml_q4_0_h200_sample.txt")   # another card: no peer of this run
+    assert report.same_card(rec, anchors + other) == anchors
+    assert "9.9" not in report.gemv_table(rec, other)
     lines = report.gemv_table(rec, anchors).splitlines()
     assert len(lines) == 2 + 4
     head = _cells(lines[0])
