@@ -848,7 +848,8 @@ def test_moe_series_and_tokens_plot_from_a_synthetic_receipt(tmp_path):
 
 def test_gemv_summary_ratios_from_a_synthetic_receipt(tmp_path):
     rec = _synthetic_receipt(tmp_path)
-    rows = {(r["N"], r["K"]): r for r in report.gemv_summary(rec, report.parse_ggml(GGML_SAMPLE))}
+    anchors = report.parse_ggml(GGML_SAMPLE, source=f"ggml_q4_0_{report.card(rec).lower()}_sample.txt")
+    rows = {(r["N"], r["K"]): r for r in report.gemv_summary(rec, anchors)}
     qwen = rows[2048, 768]
     assert qwen["floor"] == 2.5 and qwen["ours"] == 2.0 and qwen["ratio"] == pytest.approx(0.8)
     assert qwen["vs"] == pytest.approx({"bf16": 2.0, "tinygemm": 1.5, "gemlite": 1.75, "llama.cpp": 9.88 / 2.0})

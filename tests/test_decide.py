@@ -6,6 +6,7 @@ import random
 import pytest
 from test_bench import GGML_SAMPLE, _synthetic_receipt
 
+from int4lab.receipts import device_name
 from lab import report
 from lab.bench import decide
 
@@ -73,9 +74,9 @@ def test_cli_refuses_bad_arguments(tmp_path):
         decide.main(["--spec", "gemv:64", "--out", str(tmp_path / "d.json")])
 
 
-def _decide_receipt(path, kernel_hash, lo, hi):
+def _decide_receipt(path, kernel_hash, lo, hi, device=None):
     path.write_text(json.dumps({
-        "provenance": {"kernel_sources_sha256": kernel_hash},
+        "provenance": {"kernel_sources_sha256": kernel_hash, "device": device or device_name()},
         "method": {"rounds": 15, "processes": 3},
         "specs": [{"spec": "gemv:14336x4096", "key": ["gemv", 14336, 4096],
                    "ratios": [{"num": "int4_b32", "den": "floor", "median": (lo + hi) / 2, "lo": lo, "hi": hi}]}]}))
@@ -97,6 +98,11 @@ def test_report_settles_an_undecided_target_with_the_paired_interval(tmp_path):
         == "undecided"
     # another kernel's re-measurement settles nothing; nor does one for a target the receipt already decides
     assert report.paired_ratios(rec, [_decide_receipt(tmp_path / "d.json", "k2", 1.105, 1.118)]) == {}
+    # nor does a run on another card, same kernels or not
+    rec["provenance"]["device"] = "NVIDIA H100 80GB HBM3"
+    assert report.paired_ratios(rec, [_decide_receipt(tmp_path / "e.json", "k1", 1.105, 1.118, "NVIDIA H200")]) == {}
+    assert report.paired_ratios(rec, [_decide_receipt(tmp_path / "f.json", "k1", 1.105, 1.118, "NVIDIA H100 PCIe")])
+    rec["provenance"]["device"] = device_name()
     assert report.paired_ratios(rec, [tmp_path / "none.json"]) == {}
     miss = "4096×14336: int4_b32 ≤ 1.15× read floor"
     assert {c.target: c.status for c in report.targets(rec, anchors, 0.02, inside)}[miss] == "miss"
