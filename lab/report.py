@@ -745,6 +745,11 @@ def _s(x) -> str:
     return "–" if x is None else f"{x:.3g} s"
 
 
+def _not_yet(name: str, module: str, stage: str) -> str:
+    return (f"*Not yet measured*: no `data/receipts/{name}`. It is written by `python -m {module}` on a GPU "
+            f"(`lab/gpu_run.sh`, stage `{stage}`).")
+
+
 def stale_note(path: Path, rec: dict) -> str:
     """"" when the receipt measured the sources this tree holds; else a bold line saying it did not, with
     receipts.STALE's reason when the staleness is acknowledged there."""
@@ -763,8 +768,7 @@ def realscale_table(receipts=RECEIPTS) -> str:
     the targets. Then the many-row scoring path's bench (`prefill_*.json`). "not yet measured" without receipts."""
     paths = sorted(Path(receipts).glob("realscale_gate_*.json"))
     if not paths:
-        return ("*Not yet measured*: no `data/receipts/realscale_gate_<arch>_<card>.json`. It is written by "
-                "`python -m lab.realscale_gate` on a GPU (`lab/gpu_run.sh`, stage `gate`).")
+        return _not_yet("realscale_gate_<arch>_<card>.json", "lab.realscale_gate", "gate")
     out = []
     for path in paths:
         r = read_receipt(path)
@@ -830,8 +834,7 @@ def decode_step_table(receipts=RECEIPTS) -> str:
     that bf16, and eager int4 against eager bf16. From the receipt's own `summary`; "–" where it measured nothing."""
     paths = sorted(Path(receipts).glob("decode_step_*.json"))
     if not paths:
-        return ("*Not yet measured*: no `data/receipts/decode_step_<card>.json`. It is written by "
-                "`python -m lab.decode_step` on a GPU (`lab/gpu_run.sh`, stage `step`).")
+        return _not_yet("decode_step_<card>.json", "lab.decode_step", "step")
     out = []
     for path in paths:
         r = read_receipt(path)
