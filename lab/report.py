@@ -745,6 +745,10 @@ def _s(x) -> str:
     return "–" if x is None else f"{x:.3g} s"
 
 
+def _receipts(pattern: str, receipts=RECEIPTS) -> list[tuple[Path, dict]]:
+    return [(p, read_receipt(p)) for p in sorted(Path(receipts).glob(pattern))]
+
+
 def _not_yet(name: str, module: str, stage: str) -> str:
     return (f"*Not yet measured*: no `data/receipts/{name}`. It is written by `python -m {module}` on a GPU "
             f"(`lab/gpu_run.sh`, stage `{stage}`).")
@@ -766,12 +770,11 @@ def realscale_table(receipts=RECEIPTS) -> str:
     measured depth, the gate's wall time, the time inside its forwards, its peaks and verdicts; then each quantity
     fitted as fixed + layers x per_layer and taken to the published depth (the arithmetic in the receipt), against
     the targets. Then the many-row scoring path's bench (`prefill_*.json`). "not yet measured" without receipts."""
-    paths = sorted(Path(receipts).glob("realscale_gate_*.json"))
-    if not paths:
+    found = _receipts("realscale_gate_*.json", receipts)
+    if not found:
         return _not_yet("realscale_gate_<arch>_<card>.json", "lab.realscale_gate", "gate")
     out = []
-    for path in paths:
-        r = read_receipt(path)
+    for path, r in found:
         lines = [stale_note(path, r) + f"`data/receipts/{path.name}` ({_prov(r)}; "
                  f"`{portable_command(r['provenance'].get('command'))}`):", "",
                  "| model | layers | gate | build arms (by kind, s) | score | inside forwards | gate / forwards | GPU peak | "
@@ -832,12 +835,11 @@ def decode_step_table(receipts=RECEIPTS) -> str:
     layer's time graphed against its read floor, int4 (today's modules) and int4_fused (`fuse_decode`) beside the
     best bf16 (the fastest experts implementation, graphed or compiled), tokens/s at the published depth against
     that bf16, and eager int4 against eager bf16. From the receipt's own `summary`; "–" where it measured nothing."""
-    paths = sorted(Path(receipts).glob("decode_step_*.json"))
-    if not paths:
+    found = _receipts("decode_step_*.json", receipts)
+    if not found:
         return _not_yet("decode_step_<card>.json", "lab.decode_step", "step")
     out = []
-    for path in paths:
-        r = read_receipt(path)
+    for path, r in found:
         lines = ["| model | batch, context | read floor / layer | int4 graphed | int4_fused graphed | best bf16 | "
                  "tokens/s int4_fused / best bf16 | eager int4 / eager bf16 | eager int4_fused / eager bf16 |",
                  "|---|---|---|---|---|---|---|---|---|"]
