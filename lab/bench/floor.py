@@ -44,7 +44,7 @@ def read_xor_kernel(
     offs = base + tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], dtype=tl.int32)
     if base + BLOCK * ITERS <= n_words:
-        # a whole chunk: no mask, so the compiler can issue 16-byte loads (a mask on an n_words that is not a
+        # a whole chunk: no mask, so the compiler can emit 16-byte loads (a mask on an n_words that is not a
         # multiple of 4 would split them into 4-byte loads and make the floor too easy to beat)
         for i in tl.static_range(ITERS):
             acc = acc ^ tl.load(words_ptr + offs + i * BLOCK)
