@@ -27,6 +27,9 @@ def quick() -> bool:
     return os.environ.get("INT4LAB_QUICK", "0") not in ("", "0")
 
 
+LIGHTEN = "--IPKernelApp.exec_lines=['import int4lab, lab.interpreter; lab.interpreter.lighten()']"
+
+
 def find_notebooks(patterns=()) -> list[Path]:
     nbs = sorted(NOTEBOOKS.glob("*.ipynb"))
     if patterns:
@@ -47,8 +50,9 @@ def run_notebook(path: Path, *, write: bool = True, quick_mode: bool = False, ti
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if str(ROOT) not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in paths if p])
+    # before the first cell the kernel lightens Triton's interpreter (lab/interpreter.py: speed only, same results)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
+                            resources={"metadata": {"path": str(path.parent)}}, extra_arguments=[LIGHTEN])
     t0 = time.time()
     try:
         client.execute()
