@@ -84,7 +84,7 @@ def test_kernels_take_the_innermost_range_and_map_onto_replays():
     assert pl["gaps"] == (35.0 - two["busy"]) - (20.0 - one["busy"]) and pl["step"] == 15.0
 
 
-def test_cli_runs_end_to_end_on_the_cpu(tmp_path):
+def test_cli_runs_end_to_end(tmp_path):
     out = tmp_path / "d.json"
     rc = cli.main(["--arch", "mixtral", "--width", "tiny", "--contexts", "64", "--batches", "1", "2",
                    "--impls", "batched_mm", "--runs", "eager", "compiled", "--compile-backend", "eager",
@@ -92,7 +92,7 @@ def test_cli_runs_end_to_end_on_the_cpu(tmp_path):
                    "--eager-samples", "1", "--out", str(out)])
     assert rc == 0
     rec = json.loads(out.read_text())
-    assert rec["kind"] == "decode_step" and rec["card"] == "cpu" and "provenance" in rec
+    assert rec["kind"] == "decode_step" and rec["card"] == cli.card() and "provenance" in rec
     a = rec["archs"]["mixtral"]
     assert not a["errors"], a["errors"]
     got = {(r["state"], r["impl"], r["run"], r["batch"]) for r in a["rows"]}
@@ -123,7 +123,7 @@ def test_default_receipt_goes_to_runs_and_keeps_other_archs(monkeypatch, tmp_pat
             return self.rec
     monkeypatch.setattr(bench, "Run", Fake)
     assert cli.main(["--arch", "olmoe"]) == 0
-    out = tmp_path / "runs" / "decode_step_cpu.json"
+    out = tmp_path / "runs" / f"decode_step_{cli.card()}.json"         # 'cpu' here, 'h100' on an H100
     assert set(json.loads(out.read_text())["archs"]) == {"olmoe"}
     assert cli.main(["--arch", "mixtral"]) == 0                                   # a second call adds its arch
     assert set(json.loads(out.read_text())["archs"]) == {"olmoe", "mixtral"}

@@ -67,7 +67,11 @@ def test_activation_codes_are_the_w4a8_codes(dtype, device):
     qr, sr = quant_x_rows_ref(x)
     assert torch.equal(q.cpu(), qr) and torch.equal(s.cpu(), sr)
     deq = (qr.float().view(65, 3, 32) * sr[..., None]).view(65, 96)            # the reference's float32 value
-    assert torch.equal(bits(out.cpu()), bits(deq.bfloat16()))
+    # the same values, and the same bits but for a zero's sign: on CUDA the kernel's rint keeps the sign of a
+    # value that rounds to zero (-0.0 x scale), where the reference's int8 code 0 has none
+    got, want = out.cpu(), deq.bfloat16()
+    assert torch.equal(got.float(), want.float())
+    assert (got.view(torch.int16) != want.view(torch.int16)).logical_and(want != 0).sum() == 0
     rows = torch.randint(0, 65, (200,), device=device)                         # gathered rows (experts' sort)
     assert torch.equal(bits(act_rows(x.to(device), "int8", rows=rows)), bits(out[rows]))
     assert torch.equal(bits(act_rows(x.to(device), "bf16")), bits(x.to(device).bfloat16()))

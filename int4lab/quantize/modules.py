@@ -217,7 +217,7 @@ class Int4Experts(_Int4Module):
                                               self.act, None if wdn is None else wdn[e], ker).to(xe.dtype)
             start += n
         inv = torch.empty_like(order)
-        inv[order] = torch.arange(order.numel())
+        inv[order] = torch.arange(order.numel(), device=order.device)
         y = ys.index_select(0, inv)                                 # back to (token, slot) order
         w = torch.where(valid, top_k_weights.reshape(-1).to(y.dtype), 0).view(R, k, 1)
         out = (y.view(R, k, -1) * w).sum(1)
