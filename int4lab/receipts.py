@@ -59,7 +59,6 @@ _ROUTER = ("int4lab/kernels/norm.py: the output dtype codes became tl.constexpr,
 _PREFILL_OFF = ("int4lab/quantize/prefill.py and modules.py: the prefill path is off by default since (12 of its 32 "
                 "tests failed on this H100, cause not yet found); this run had it on for many-row forwards")
 STALE = {
-    "decode_h100.json": _ROUTER,
     "prefill_h100.json": _ROUTER + "; " + _PREFILL_OFF + " (the bench turns it on and off itself)",
     "realscale_gate_olmoe_h100.json": _ROUTER + "; " + _PREFILL_OFF + ": the gate scored through it, so its time and "
                                       "memory are the prefill path's",

@@ -1,6 +1,8 @@
 """The timing harness and the report, without a GPU: shapes, byte formulas, receipt schema, the
 read-floor kernel (Triton interpreter), the peer registries, correctness gates, table generation from
 synthetic receipts, and the CLI's refusal to time on a CPU."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -868,3 +870,24 @@ def test_moe_tile_is_the_plan_grouped_plan_takes(generation, monkeypatch):
             want = plan.grouped_plan(2 * m.intermediate, m.hidden, T * m.top_k, m.n_experts, "cpu")
             got = report.moe_tile(name, T, generation)
             assert (got.kind, got.block_m, got.block_n, got.tma) == (want.kind, want.block_m, want.block_n, want.tma)
+
+
+def test_checks_attach_the_same_commits_checks_and_refuse_another(tmp_path):
+    from lab.bench import checks
+    text = "....F.\nFAILED tests/test_a.py::test_x - boom\nFAILED tests/test_b.py::test_y[1]\n" \
+           "=== 2 failed, 5 passed, 1 skipped in 3.00s ===\n"
+    assert checks.cuda_tests_outcome(text) == {"summary": "2 failed, 5 passed, 1 skipped in 3.00s",
+                                               "failed": ["tests/test_a.py::test_x", "tests/test_b.py::test_y[1]"]}
+    assert checks.cuda_tests_outcome("..F")["summary"] is None                  # stopped before its summary
+    prov = {"commit": "a" * 40, "kernel_sources_sha256": "k", "device": "NVIDIA H100"}
+    rec, rep = tmp_path / "decode.json", tmp_path / "replay.json"
+    rec.write_text(json.dumps({"provenance": prov, "rows": [], "sanitizer_note": "old"}))
+    rep.write_text(json.dumps({"provenance": prov, "all_pass": True, "rows": []}))
+    (tmp_path / "san.txt").write_text("memcheck rc=0 ========= ERROR SUMMARY: 0 errors\nnoise\n")
+    (tmp_path / "ct.txt").write_text(text)
+    out = checks.attach(rec, tmp_path / "san.txt", rep, tmp_path / "ct.txt", "a" * 40)
+    assert out["sanitizer"] == ["memcheck rc=0 ========= ERROR SUMMARY: 0 errors"] and "sanitizer_note" not in out
+    assert out["replay_check"]["all_pass"] and out["cuda_tests"]["file"] == "ct.txt"
+    rep.write_text(json.dumps({"provenance": {**prov, "commit": "b" * 40}, "all_pass": True, "rows": []}))
+    with pytest.raises(ValueError, match="replay: its commit"):
+        checks.attach(rec, tmp_path / "san.txt", rep, tmp_path / "ct.txt", "a" * 40)
