@@ -56,10 +56,15 @@ KERNEL_SOURCES = "int4lab/kernels"      # the folder of SOURCES["kernels"], name
 # regenerates it.
 _ROUTER = ("int4lab/kernels/norm.py: the output dtype codes became tl.constexpr, so that the router kernel compiles on "
            "CUDA (it did not at the measured commit); no bench row runs the norm or router kernels")
-_PREFILL_OFF = ("int4lab/quantize/prefill.py and modules.py: the prefill path is off by default since (12 of its 32 "
-                "tests failed on this H100, cause not yet found); this run had it on for many-row forwards")
+_PREFILL_OFF = ("int4lab/quantize/prefill.py and modules.py: the prefill path is off by default since, and the MoE "
+                "modules' loop path builds its index on the tensor's device; this run had the prefill path on for "
+                "many-row forwards")
+_DOCSTRING = "int4lab/quantize/prefill.py: its module docstring only (it now reports this run and the tests' outcome)"
 STALE = {
-    "prefill_h100.json": _ROUTER + "; " + _PREFILL_OFF + " (the bench turns it on and off itself)",
+    "prefill_h100.json": _DOCSTRING,
+    "decode_step_h100.json": ("lab/decode_step/cli.py: the CLI now writes the receipt's sources hash itself (this "
+                              "receipt's was computed afterwards from a clean checkout of the commit it names); "
+                              + _DOCSTRING),
     "realscale_gate_olmoe_h100.json": _ROUTER + "; " + _PREFILL_OFF + ": the gate scored through it, so its time and "
                                       "memory are the prefill path's",
 }

@@ -853,8 +853,10 @@ def decode_step_table(receipts=RECEIPTS) -> str:
                     _f(v.get("int4_eager_over_default_bf16_eager"), 2) + "×",
                     _f(v.get("int4_fused_eager_over_default_bf16_eager"), 2) + "×"]))
         errs = {arch: sorted(a.get("errors") or {}) for arch, a in r.get("archs", {}).items() if a.get("errors")}
-        out.append("\n".join(lines) + "\n\n" + (f"Parts that failed (their errors are in the receipt): {errs}. "
-                                                 if errs else "") + f"`{path.name}`: {_prov(r)}.")
+        out.append(stale_note(path, r) + "\n".join(lines) + "\n\n" + (
+            f"Parts that failed (their errors are in the receipt): {errs}. " if errs else "") +
+            "Eager columns: per layer = step(2 layers) − step(1 layer) from the run's eager samples; chapter 07 decides "
+            f"a target only beyond the samples' spread. `{path.name}`: {_prov(r)}.")
     return "\n\n".join(out)
 
 

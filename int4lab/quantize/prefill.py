@@ -7,11 +7,11 @@ when every weight it decodes serves, on average, at least `prefill_min_rows` row
 R * k / E for an Int4Experts (the mean routed rows per expert). The module attribute defaults to
 PREFILL_MIN_ROWS; `prefill_rows(model, n)` changes it for a block (0: always, None: never).
 
-Off by default (PREFILL_MIN_ROWS = None): on an H100 the path scored 0.93x bf16's tokens/s
-(data/receipts/prefill_h100.json), but 12 of tests/test_prefill.py's 32 tests failed there (the activation codes
-against quant_x_rows_ref, and the experts' output against its stated bound; the dense matmuls passed), and the
-cause is not yet found. Until they pass on a GPU, scoring runs through the decode kernels, whose numerics are
-verified; `with prefill_rows(model, 64):` turns the path on for a run that accepts that.
+Off by default (PREFILL_MIN_ROWS = None): its tests pass on an H100 (data/receipts/cuda_tests_h100.txt), but
+its speed against bf16 is not settled: two H100 runs of `python -m lab.prefill_bench` at the same settings scored
+0.93x and 0.67x bf16's tokens/s (the receipt of commit 8bbadb6, and data/receipts/prefill_h100.json;
+notes/realscale.md), around the 0.8x it would need. Scoring runs through the decode kernels;
+`with prefill_rows(model, 64):` turns the path on for a run.
 
 Why 64, and why rows per weight: the prefill path pays ~4.6 bytes of memory traffic per weight per call
 (decode 0.5625 read + 2 written, the GEMM's 2 read back) where a decode kernel reads 0.5625 once; the

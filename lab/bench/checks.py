@@ -5,14 +5,17 @@ graph-replay check and the CUDA suite's outcome, each read from the file `lab/gp
         --replay OUT/replay_check.json --cuda-tests data/receipts/cuda_tests_h100.txt --cuda-tests-commit SHA
 
 The receipt's own provenance is kept (it measured the kernels); the replay check brings its own, which must name
-the same commit and kernel sources. The sanitizer ran in the replay check's call, over the same commit.
+the same commit and kernel sources. The sanitizer ran in the replay check's call, over the same commit. The CUDA
+suite may come from a later commit whose kernel sources git shows equal to the receipt's.
 """
 import argparse
 import json
 import re
+import subprocess
 from pathlib import Path
 
-from int4lab.receipts import read_receipt, write_text_atomic
+from int4lab.paths import ROOT
+from int4lab.receipts import KERNEL_SOURCES, read_receipt, write_text_atomic
 
 SANITIZERS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
@@ -31,6 +34,12 @@ def attach(receipt: Path, sanitizer: Path, replay: Path, cuda_tests: Path, cuda_
     for key in ("commit", "kernel_sources_sha256", "device"):
         if mine[key] != theirs[key]:
             raise ValueError(f"replay: its {key} {theirs[key]!r} is not the receipt's {mine[key]!r}")
+    if cuda_tests_commit != mine["commit"]:      # another commit's suite speaks for these kernels only if they are equal
+        same = subprocess.run(["git", "diff", "--quiet", mine["commit"], cuda_tests_commit, "--", KERNEL_SOURCES],
+                              cwd=ROOT, capture_output=True)
+        if same.returncode != 0:
+            raise ValueError(f"cuda_tests_commit: {KERNEL_SOURCES} differ between {cuda_tests_commit[:12]} and the "
+                             f"receipt's commit {mine['commit'][:12]} (or git cannot tell)")
     lines = [ln for ln in Path(sanitizer).read_text().splitlines() if ln.split(" ", 1)[0] in SANITIZERS]
     if not lines:
         raise ValueError(f"sanitizer: {sanitizer} holds no line of {SANITIZERS}")

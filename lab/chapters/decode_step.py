@@ -137,9 +137,41 @@ TARGETS = (("int4 graphed layer <= 2x its read floor", "int4_graphed_over_floor"
             1.0))
 
 
+def _row(a: dict, state, impl, run, b, c):
+    return next((r for r in a["rows"] if (r["state"], r["impl"], r["run"], r["batch"], r["context"]) ==
+                 (state, impl, run, b, c) and "per_layer_us" in r), None)
+
+
+def spread(row) -> float:
+    """A row's per-layer uncertainty relative to its per-layer time: (range of the 2-layer step's samples + range of
+    the 1-layer step's) / per layer. per layer = step(2) - step(1) moves by at most that much within the samples."""
+    if not row or not row.get("samples_us"):
+        return float("inf")
+    return sum(max(v) - min(v) for v in row["samples_us"].values()) / abs(row["per_layer_us"])
+
+
+def target_spread(a: dict, state: str, key: str, b: int, c: int) -> float:
+    """The relative uncertainty of a summary ratio: the spreads of the rows it divides, added."""
+    s = a.get("summary", {}).get(f"B{b} C{c}", {})
+    best = s.get("best_bf16") or {}
+    bf = _row(a, "bf16", best.get("impl"), best.get("run"), b, c)
+    if key.endswith("_graphed_over_floor"):
+        return spread(_row(a, state, None, "graphed", b, c))
+    if key.endswith("_graphed_over_best_bf16_tokens_per_s"):
+        return spread(_row(a, state, None, "graphed", b, c)) + spread(bf)
+    if key.endswith("_over_best_bf16_tokens_per_s"):               # int4 at its best: graphed or compiled
+        mine = [r for r in (_row(a, state, None, run, b, c) for run in ("graphed", "compiled")) if r]
+        return spread(min(mine, key=lambda r: r["per_layer_us"])) + spread(bf) if mine else float("inf")
+    if key.endswith("_eager_over_default_bf16_eager"):
+        return spread(_row(a, state, None, "eager", b, c)) + spread(
+            _row(a, "bf16", a.get("default_experts_impl"), "eager", b, c))
+    raise ValueError(f"key: no spread rule for {key!r}")
+
+
 def targets(rec: dict, state: str = "int4") -> list[dict]:
-    """Each target of the decode step, per model, at batch 1 of the first context: value and met / missed
-    (None where the receipt has no number for it, and everywhere in a CPU stand-in)."""
+    """Each target of the decode step, per model, at batch 1 of the first context: value, its relative spread and
+    met / missed. None where the receipt has no number for it, where the value lies within its spread of the bound
+    (undecided: the samples cannot tell), and everywhere in a CPU stand-in."""
     out = []
     judged = rec.get("card") != "cpu"           # a CPU stand-in decides nothing
     for arch in [a for a in ORDER if a in rec["archs"] and rec["archs"][a].get("rows")]:
@@ -149,11 +181,15 @@ def targets(rec: dict, state: str = "int4") -> list[dict]:
         if state not in a.get("states", (state,)):
             continue
         for name, key, op, bound in TARGETS:
-            v = s.get(key.replace("int4", state, 1))
-            met = None if v is None or not judged else (v <= bound if op == "<=" else v >= bound)
-            out.append({"arch": arch, "target": name, "value": v, "met": met})
+            k = key.replace("int4", state, 1)
+            v = s.get(k)
+            rel = target_spread(a, state, k, b, c) if v is not None else None
+            decided = v is not None and judged and abs(v - bound) > bound * rel
+            met = (v <= bound if op == "<=" else v >= bound) if decided else None
+            out.append({"arch": arch, "target": name, "value": v, "spread": rel, "met": met})
         g = a.get("greedy") or {}
         if state == "int4":
             out.append({"arch": arch, "target": f"graphed and eager int4 emit the same {g.get('steps')} greedy tokens",
-                        "value": g.get("first_mismatch"), "met": g.get("equal") if judged else None})
+                        "value": g.get("first_mismatch"), "spread": None,
+                        "met": g.get("equal") if judged else None})
     return out

@@ -107,7 +107,8 @@ def main(argv=None) -> int:
         this = {"command": command, "settings": {k: v for k, v in vars(args).items() if k not in ("out", "prior")},
                 "seconds": time.time() - t0}
         write_receipt(out, {"kind": "decode_step", "card": card(), "transformers": transformers.__version__,
-                            **this, "calls": before.get("calls", []) + [this], "archs": archs}, command=command)
+                            **this, "calls": before.get("calls", []) + [this], "archs": archs}, command=command,
+                      sources="decode_step")
 
     def log(msg):
         print(f"[{time.time() - t0:6.1f} s] {msg}", flush=True)
