@@ -47,8 +47,7 @@ def attach(receipt: Path, sanitizer: Path, replay: Path, cuda_tests: Path, cuda_
     rec["sanitizer"] = lines
     rec["cuda_tests"] = {"file": Path(cuda_tests).name, "commit": cuda_tests_commit,
                          **cuda_tests_outcome(Path(cuda_tests).read_text())}
-    for stale in ("sanitizer_note",):
-        rec.pop(stale, None)
+    rec.pop("sanitizer_note", None)              # an earlier run's prose about its checks: these replace it
     return rec
 
 
