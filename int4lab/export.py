@@ -274,7 +274,7 @@ def write_gguf(model, path, *, name: str | None = None, ftype: str = "f32", toke
     """
     import gguf
     from ._checks import check_out_path
-    from .receipts import atomic_path
+    from .files import atomic_path
     if ftype not in FLOAT_TYPES:
         raise ValueError(f"ftype must be one of {FLOAT_TYPES}, got {ftype!r}")
     path = check_out_path(path, flag="path", force=bool(force))

@@ -11,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .files import atomic_path, write_text_atomic  # noqa: F401  (re-exported)
 from .paths import ROOT
 
 
@@ -131,42 +132,6 @@ def portable_command(command) -> str:
     """`command` with the directories of absolute paths elided ("…/name"): where a file was written on the
     measuring machine says nothing about the measurement, and receipts carry no machine paths."""
     return " ".join("…/" + Path(t).name if t.startswith("/") else t for t in str(command).split())
-
-
-@contextlib.contextmanager
-def atomic_path(path):
-    """Yield a temporary path beside `path` to write; on success it is fsynced and renamed over `path`
-    (os.replace: readers see the old file or the whole new one, never a part). On any exception, a
-    KeyboardInterrupt included, the temporary file is removed and `path` is left as it was."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)              # mkstemp's 0600 would follow the file to its final name
-    try:
-        yield Path(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):          # the rename itself is durable once the directory is synced
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-
-
-def write_text_atomic(path, text: str) -> Path:
-    """`path.write_text(text)` through `atomic_path`: never a truncated file under the final name."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
-    return Path(path)
 
 
 def write_receipt(path, payload: dict, command: str | None = None, sources: str | None = None) -> Path:

@@ -48,7 +48,7 @@ def save_quantized(model, path) -> None:
     under the final name).
     """
     from safetensors.torch import save_file
-    from ..receipts import atomic_path
+    from ..files import atomic_path
     sch = getattr(model, "int4_scheme", None)
     if sch is None:
         raise ValueError("model is not quantised (no int4_scheme attribute): call quantize_model first")
