@@ -158,15 +158,14 @@ def check_out(name: str, out, shape, dtype, device) -> torch.Tensor:
 def check_out_path(path, *, flag: str = "--out", force: bool | None = None):
     """Check, before any work starts, that a file can be written at `path`; returns it as a Path.
 
-    ValueError naming `flag` when `path` is a directory, or when its nearest existing ancestor is not a
+    ValueError naming `flag` when `path` is not a regular file or a new path (a directory, a symlink, a device
+    node, a FIFO: `files.check_target`), or when its nearest existing ancestor is not a
     writable directory (a missing parent is fine: the writer creates it; files are written beside their
     final name and renamed, so the directory, not the file, must be writable). With force=False an existing
     file is refused (FileExistsError: pass --force); force=None lets it be replaced.
     """
-    from pathlib import Path
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"{flag} {str(path)!r} is a directory; name a file")
+    from .files import check_target
+    p = check_target(path, flag)         # a regular file or a new path: no link, device, FIFO or directory
     if p.exists() and force is False:
         raise FileExistsError(f"{flag} {str(path)!r} exists; pass --force (force=True) to overwrite it")
     _check_creatable(p.absolute().parent, path, flag)
@@ -178,7 +177,8 @@ def check_dir_path(path, *, flag: str = "--workdir"):
     from pathlib import Path
     p = Path(path)
     if p.exists() and not p.is_dir():
-        raise ValueError(f"{flag} {str(path)!r} is a file, not a directory")
+        kind = "a file" if p.is_file() else "not a regular file"
+        raise ValueError(f"{flag} {str(path)!r} is {kind}, not a directory")
     _check_creatable(p.absolute(), path, flag)
     return p
 

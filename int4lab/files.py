@@ -3,16 +3,47 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 
+_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def check_target(path, flag: str = "path") -> Path:
+    """`path` as a Path when it names a regular file or nothing yet; else ValueError naming `flag`.
+
+    The atomic writer replaces the directory entry itself: a symlink would lose its link, a device node or FIFO
+    would become a regular file, so anything but a regular file or a new path is refused (write to the link's
+    target by naming it)."""
+    p = Path(path)
+    try:
+        mode = os.lstat(p).st_mode
+    except FileNotFoundError:
+        return p
+    except NotADirectoryError:
+        return p                     # a parent is a file: the caller's directory check names that
+    if stat.S_ISDIR(mode):
+        raise ValueError(f"{flag} {str(path)!r} is a directory; name a file")
+    for test, kind in _KINDS:
+        if test(mode):
+            raise ValueError(f"{flag} {str(path)!r} is {kind}: name a regular file or a new path (it would be "
+                             f"replaced by a regular file)")
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{flag} {str(path)!r} is not a regular file: name a regular file or a new path")
+    return p
+
 
 @contextlib.contextmanager
-def atomic_path(path):
+def atomic_path(path, flag: str = "path"):
     """Yield a temporary path beside `path` to write; on success it is fsynced and renamed over `path`
     (os.replace: readers see the old file or the whole new one, never a part). On any exception, a
-    KeyboardInterrupt included, the temporary file is removed and `path` is left as it was."""
-    path = Path(path)
+    KeyboardInterrupt included, the temporary file is removed and `path` is left as it was.
+
+    `path` must be a regular file or a new path (`check_target`), checked before anything is written and again
+    just before the rename."""
+    path = check_target(path, flag)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     os.close(fd)
@@ -23,6 +54,7 @@ def atomic_path(path):
         yield Path(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        check_target(path, flag)               # something may have appeared there while the file was written
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -36,8 +68,8 @@ def atomic_path(path):
             os.close(dfd)
 
 
-def write_text_atomic(path, text: str) -> Path:
+def write_text_atomic(path, text: str, flag: str = "path") -> Path:
     """`path.write_text(text)` through `atomic_path`: never a truncated file under the final name."""
-    with atomic_path(path) as tmp:
+    with atomic_path(path, flag) as tmp:
         tmp.write_text(text)
     return Path(path)
