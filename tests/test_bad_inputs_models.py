@@ -56,3 +56,75 @@ def test_prefill_and_reference_give_the_gpu_rule_without_a_read_back():
     mod.kernels = False
     ref = mod(x, good, w)
     assert torch.equal(ref[[0, 2]], mod(x[[0, 2]], good[[0, 2]], w[[0, 2]]))
+
+
+# ---------------------------------------------------------------------------------------------- load_quantized
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt") / "q.safetensors"
+    save_quantized(quantize_model(tiny_model("mixtral"), progress=False)[0], path)
+    return path
+
+
+def _resaved(saved, out, edit):
+    """The saved file rewritten with its state edited by edit(state) and its sha256 list made to match."""
+    from safetensors.torch import load_file, save_file
+    from int4lab.quantize.checkpoint import tensor_sha256
+    meta, state = dict(read_metadata(saved)), load_file(saved)
+    edit(state)
+    meta["sha256"] = json.dumps({k: tensor_sha256(v) for k, v in state.items()})
+    save_file(state, str(out), metadata=meta)
+    return out
+
+
+def _snapshot(model):
+    return [type(m).__name__ for m in model.modules()], {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _no_tensor_read(monkeypatch):
+    from int4lab.quantize import checkpoint
+
+    def tripwire(*a, **k):
+        raise AssertionError("a tensor was read before the header was checked")
+    monkeypatch.setattr(checkpoint, "tensor_sha256", tripwire)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda s: s.__setitem__("extra.huge", torch.zeros(4096)), r"unexpected \['extra.huge'\]"),
+    (lambda s: s.pop("model.layers.1.mlp.experts.down_scales"), r"missing \['model.layers.1.mlp.experts.down_scales'\]"),
+    (lambda s: s.__setitem__("model.layers.0.mlp.experts.down_scales",
+                             s["model.layers.0.mlp.experts.down_scales"][:, :, :1].contiguous()),
+     r"tensor model.layers.0.mlp.experts.down_scales is declared \(8, 64, 1\) F16, the model expects \(8, 64, \d+\)"),
+    (lambda s: s.__setitem__("model.layers.0.mlp.experts.down_scales",
+                             s["model.layers.0.mlp.experts.down_scales"].float()), r"declared .* F32, .* F16"),
+], ids=["extra_tensor", "missing_tensor", "wrong_shape", "wrong_dtype"])
+def test_refused_load_leaves_the_model_as_it_was_and_reads_no_tensor(saved, tmp_path, monkeypatch, edit, match):
+    """Names, shapes and dtypes are checked from the header before any tensor is read (a declared-huge extra tensor
+    is never loaded), and the refusal puts the base model's modules back: same modules, same weights, unquantised."""
+    bad = _resaved(saved, tmp_path / "bad.safetensors", edit)
+    base = tiny_model("mixtral")
+    before = _snapshot(base)
+    _no_tensor_read(monkeypatch)
+    with pytest.raises(ValueError, match=r"bad.safetensors: .*" + match):
+        load_quantized(bad, base)
+    after = _snapshot(base)
+    assert after[0] == before[0] and not hasattr(base, "int4_scheme")
+    assert after[1].keys() == before[1].keys() and all(torch.equal(before[1][k], after[1][k]) for k in before[1])
+    monkeypatch.undo()
+    model, sch = load_quantized(saved, base)                  # the same model still loads the good file
+    assert sch.name == "rtn/experts/W4A8" and isinstance(model.model.layers[0].mlp.experts, Int4Experts)
+
+
+def test_header_tensors_must_be_the_checksummed_ones(saved, tmp_path, monkeypatch):
+    """A tensor the metadata's sha256 list does not name is refused before the model is touched."""
+    from safetensors.torch import load_file, save_file
+    state = load_file(saved)
+    state["extra.huge"] = torch.zeros(4096)
+    save_file(state, str(tmp_path / "x.safetensors"), metadata=read_metadata(saved))
+    base = tiny_model("mixtral")
+    _no_tensor_read(monkeypatch)
+    with pytest.raises(ValueError, match=r"x.safetensors: the header's tensors differ from the metadata's sha256 "
+                                         r"list: unlisted \['extra.huge'\]"):
+        load_quantized(tmp_path / "x.safetensors", base)
+    assert not any(isinstance(m, Int4Experts) for m in base.modules())
