@@ -56,6 +56,9 @@ def partial_settings(rec: dict) -> list[str]:
     why = []
     method, settings = rec.get("method") or {}, rec.get("settings") or {}
     command = str((rec.get("provenance") or {}).get("command", ""))
+    if rec.get("complete") is False:                     # a run that stopped, or one still writing
+        why.append("complete is false (" + (f"interrupted: {rec['interrupted']}" if rec.get("interrupted") else
+                                            "the run had not finished when it was written") + ")")
     if method.get("complete") is False:
         why.append("method.complete is false (the harness stopped before its schedule was done)")
     if method.get("quick"):
@@ -837,6 +840,7 @@ def decode_step_table(receipts=RECEIPTS) -> str:
         return _not_yet("decode_step_<card>.json", "lab.decode_step", "step")
     out = []
     for path, r in found:
+        refuse_partial(r, path)
         lines = ["| model | batch, context | read floor / layer | int4 graphed | int4_fused graphed | best bf16 | "
                  "tokens/s int4_fused / best bf16 | eager int4 / eager bf16 | eager int4_fused / eager bf16 |",
                  "|---|---|---|---|---|---|---|---|---|"]
