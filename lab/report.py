@@ -21,6 +21,7 @@ intermediate (MoE rows carry N = I, K = H).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import statistics
@@ -41,10 +42,36 @@ GEMV_PEERS = ("w4a16_cutlass", "bf16", "tinygemm", "gemlite")
 MOE_PEERS = ("bf16_loop", "grouped_mm")
 
 
+@contextlib.contextmanager
+def reading(path):
+    """Errors met while reading or tabulating the receipt (or page) at `path` become one ValueError naming it:
+    truncated JSON, an unreadable file, a missing field, never a bare KeyError from deep inside a table."""
+    try:
+        yield
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON (truncated or corrupt?): {e}") from None
+    except (KeyError, TypeError, IndexError, AttributeError) as e:
+        raise ValueError(f"{path}: not a usable receipt (missing or malformed field: {type(e).__name__} {e})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot be read ({e})") from None
+
+
+def read(path) -> dict:
+    """read_receipt, its errors naming the file (`reading`); a receipt is a JSON object."""
+    with reading(path):
+        rec = read_receipt(path)
+    if not isinstance(rec, dict):
+        raise ValueError(f"{path}: not a receipt (a JSON {type(rec).__name__}, not an object)")
+    return rec
+
+
 def load(path=DEFAULT_OUT) -> dict:
-    """Read and validate a decode receipt."""
-    rec = read_receipt(path)
-    validate_receipt(rec)
+    """Read and validate a decode receipt (ValueError naming the file when it is not one)."""
+    rec = read(path)
+    try:
+        validate_receipt(rec)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     return rec
 
 
@@ -110,7 +137,8 @@ def anchor_rows(directory=ANCHORS) -> list[dict]:
         return []
     rows = []
     for f in files:
-        rows += parse_ggml(f.read_text(), source=f.name)
+        with reading(f):
+            rows += parse_ggml(f.read_text(), source=f.name)
     return rows
 
 
@@ -358,7 +386,7 @@ def paired_ratios(rec, paths=None) -> dict:
     for path in paths:
         if not path.exists():
             continue
-        dec = json.loads(path.read_text())
+        dec = read(path)
         if card(dec) != card(rec):                 # another card's ratios neither grant nor withhold a verdict
             continue
         same = mine is not None and dec.get("provenance", {}).get("kernel_sources_sha256") == mine
@@ -678,15 +706,20 @@ def plot_moe_tokens(rec, model: str, ax=None):
     return ax
 
 
+def replace_block(text: str, block: str, start: str, end: str, name) -> str:
+    """`text` with what lies between the `start` and `end` markers replaced by `block`; ValueError naming the page
+    `name` when the markers are not there in that order."""
+    if start not in text or end not in text or text.index(start) > text.index(end):
+        raise ValueError(f"{name} must contain {start} followed by {end}")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{block}\n{end}{tail}"
+
+
 def rewrite_readme(readme, block: str, start: str = START, end: str = END) -> Path:
     """Replace the text between the `start` and `end` markers in `readme` with `block`."""
     readme = Path(readme)
-    text = readme.read_text()
-    if start not in text or end not in text or text.index(start) > text.index(end):
-        raise ValueError(f"{readme} must contain {start} followed by {end}")
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    write_text_atomic(readme, f"{head}{start}\n{block}\n{end}{tail}")
+    write_text_atomic(readme, replace_block(readme.read_text(), block, start, end, readme))
     return readme
 
 
@@ -705,11 +738,12 @@ def train_table(receipts=RECEIPTS) -> str:
     lines = ["| model | params | steps | val ppl | unigram val ppl | test ppl | ood ppl | trained on |",
              "|---|---|---|---|---|---|---|---|"]
     for path in sorted(Path(receipts).glob("train_*.json")):
-        r = read_receipt(path)
-        ev = r["eval"]
-        lines.append(_line([r["arch"], f"{r['params'] / 1e6:.2f} M", r["training"]["steps"],
-                            _f(ev["validation"]["ppl"]), _f(ev["validation"]["unigram_ppl"]), _f(ev["test"]["ppl"]),
-                            _f(ev["ood"]["ppl"]), _prov(r)]))
+        r = read(path)
+        with reading(path):
+            ev = r["eval"]
+            lines.append(_line([r["arch"], f"{r['params'] / 1e6:.2f} M", r["training"]["steps"],
+                                _f(ev["validation"]["ppl"]), _f(ev["validation"]["unigram_ppl"]),
+                                _f(ev["test"]["ppl"]), _f(ev["ood"]["ppl"]), _prov(r)]))
     return "\n".join(lines)
 
 
@@ -718,18 +752,20 @@ def gate_table(receipts=RECEIPTS) -> str:
     A receipt made with partial settings (partial_settings) is refused (ValueError), never tabulated."""
     from int4lab.gate.table import render_gate_table
     for path in sorted(Path(receipts).glob("gate_*.json")):
-        refuse_partial(read_receipt(path), path)
-    return render_gate_table(receipts)
+        refuse_partial(read(path), path)
+    with reading(Path(receipts) / "gate_*.json"):
+        return render_gate_table(receipts)
 
 
 def pack_table(receipts=RECEIPTS) -> str:
     """Pack time per layer: round-to-nearest and GPTQ, median wall seconds."""
     lines = ["| device | N×K | impl | seconds (median) |", "|---|---|---|---|"]
     for path in sorted(Path(receipts).glob("gptq_pack_*.json")):
-        r = read_receipt(path)
-        for row in r["rows"]:
-            lines.append(_line([r["provenance"]["device"], f"{row['N']}×{row['K']}", row["impl"],
-                                f"{row['seconds']:.3g}"]))
+        r = read(path)
+        with reading(path):
+            for row in r["rows"]:
+                lines.append(_line([r["provenance"]["device"], f"{row['N']}×{row['K']}", row["impl"],
+                                    f"{row['seconds']:.3g}"]))
     return "\n".join(lines)
 
 
@@ -745,7 +781,7 @@ def _s(x) -> str:
 
 
 def _receipts(pattern: str, receipts=RECEIPTS) -> list[tuple[Path, dict]]:
-    return [(p, read_receipt(p)) for p in sorted(Path(receipts).glob(pattern))]
+    return [(p, read(p)) for p in sorted(Path(receipts).glob(pattern))]
 
 
 def _not_yet(name: str, module: str, stage: str) -> str:
@@ -775,56 +811,68 @@ def realscale_table(receipts=RECEIPTS) -> str:
         return _not_yet("realscale_gate_<arch>_<card>.json", "lab.realscale_gate", "gate")
     out = []
     for path, r in found:
-        lines = [stale_note(path, r) + f"`data/receipts/{path.name}` ({_prov(r)}; "
-                 f"`{portable_command(r['provenance'].get('command'))}`):", "",
-                 "| model | layers | gate | build arms (by kind, s) | score | inside forwards | gate / forwards | GPU peak | "
-                 "host peak | arms in groups | verdicts |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for arch, a in sorted(r.get("archs", {}).items()):
-            for L, d in sorted(a.get("depths", {}).items(), key=lambda kv: int(kv[0])):
-                g = d.get("gate")
-                if not g:
-                    lines.append(_line([arch, L, "error" if d.get("error") else "skipped"] + ["–"] * 8))
-                    continue
-                tm = g["timing"]
-                fw = tm["forward_s"] + tm.get("calibration_forward_s", 0.0)
-                v = list(g["verdicts"].values())
-                verdicts = ", ".join(f"{v.count(k)} {k}" for k in ("PASS", "FAIL", "UNDECIDED") if v.count(k))
-                bk = g.get("build_s_by_kind") or {}
-                build = _s(tm["build_s"]) + (" (" + ", ".join(f"{k} {v:.3g}" for k, v in sorted(bk.items())) + ")"
-                                             if bk else "")
-                lines.append(_line([arch, f"{L} of {a['full_layers']}", _s(g["s"]), build,
-                                    _s(tm["score_s"]), _s(fw), f"{g['s'] / fw:.1f}", _gb(g["gpu_peak_bytes"]),
-                                    _gb(g["host_peak_bytes"]), " + ".join(map(str, g["groups"])), verdicts]))
-            ex = a.get("extrapolation") or {}
-            if not ex:
-                continue
-            t, mem = ex["targets"], ex.get("memory") or {}
-            gof = t["gate_over_forwards"]
-            lines.append(_line([arch, f"**{ex['full_layers']} (fitted)**",
-                                f"**{_s(t['gate_s']['value'])}** (target ≤ {t['gate_s']['target']:.0f} s: "
-                                f"{'met' if t['gate_s']['met'] else 'missed'})",
-                                _s(ex["fits"]["build_s"]["full_depth"]), _s(ex["fits"]["score_s"]["full_depth"]),
-                                "–", f"**{gof['value']:.1f}** (target ≤ {gof['target']}: "
-                                f"{'met' if gof['met'] else 'missed'})", _gb(mem.get("peak_bytes")) + " predicted",
-                                _gb(ex["fits"]["host_peak_bytes"]["full_depth"]),
-                                f"{mem.get('arms_per_group')} per group, {mem.get('groups')} groups" if mem else "–",
-                                "–"]))
-            warn = [f"`{k}` ({v['warning']})" for k, v in ex["fits"].items() if v.get("warning")]
-            lines += ["", f"Fitted rows: {r['settings']['extrapolation']}; memory: {mem.get('formula', '–')}."
-                      + (f" Fits the fit itself flags: {', '.join(warn)}; a negative predicted extra time counts as 0 s."
-                         if warn else "")]
-        out.append("\n".join(lines))
+        with reading(path):
+            out.append(_realscale_block(path, r))
     for path in sorted(Path(receipts).glob("prefill_*.json")):
-        r = read_receipt(path)
-        st = r["settings"]
-        rows = "; ".join(f"{row['batch']}: many-row path {row['prefill_over_bf16']:.3f}×, decode path "
-                         f"{row['decode_over_bf16']:.2f}× (logits against the decode path: max relative "
-                         f"{row['logits']['prefill_vs_decode']['max_rel']:.3f})" for row in r["rows"])
-        out.append(stale_note(path, r) + f"Scoring throughput against bf16 (`data/receipts/{path.name}`, {_prov(r)}; "
-                   f"{st['arch']} at the published width, {st['layers']} layers, {st['targets']}, tokens/s over "
-                   f"bf16 with {st['experts_implementation']} experts): {rows}. Target ≥ "
-                   f"{r['target']['prefill_over_bf16_min']}×: {'met' if r['target']['met'] else 'missed'}.")
+        r = read(path)
+        with reading(path):
+            out.append(_prefill_line(path, r))
     return "\n\n".join(out)
+
+
+def _realscale_block(path: Path, r: dict) -> str:
+    """One realscale_gate receipt's table and its fitted rows."""
+    lines = [stale_note(path, r) + f"`data/receipts/{path.name}` ({_prov(r)}; "
+             f"`{portable_command(r['provenance'].get('command'))}`):", "",
+             "| model | layers | gate | build arms (by kind, s) | score | inside forwards | gate / forwards | GPU peak | "
+             "host peak | arms in groups | verdicts |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for arch, a in sorted(r.get("archs", {}).items()):
+        for L, d in sorted(a.get("depths", {}).items(), key=lambda kv: int(kv[0])):
+            g = d.get("gate")
+            if not g:
+                lines.append(_line([arch, L, "error" if d.get("error") else "skipped"] + ["–"] * 8))
+                continue
+            tm = g["timing"]
+            fw = tm["forward_s"] + tm.get("calibration_forward_s", 0.0)
+            v = list(g["verdicts"].values())
+            verdicts = ", ".join(f"{v.count(k)} {k}" for k in ("PASS", "FAIL", "UNDECIDED") if v.count(k))
+            bk = g.get("build_s_by_kind") or {}
+            build = _s(tm["build_s"]) + (" (" + ", ".join(f"{k} {v:.3g}" for k, v in sorted(bk.items())) + ")"
+                                         if bk else "")
+            lines.append(_line([arch, f"{L} of {a['full_layers']}", _s(g["s"]), build,
+                                _s(tm["score_s"]), _s(fw), f"{g['s'] / fw:.1f}", _gb(g["gpu_peak_bytes"]),
+                                _gb(g["host_peak_bytes"]), " + ".join(map(str, g["groups"])), verdicts]))
+        ex = a.get("extrapolation") or {}
+        if not ex:
+            continue
+        t, mem = ex["targets"], ex.get("memory") or {}
+        gof = t["gate_over_forwards"]
+        lines.append(_line([arch, f"**{ex['full_layers']} (fitted)**",
+                            f"**{_s(t['gate_s']['value'])}** (target ≤ {t['gate_s']['target']:.0f} s: "
+                            f"{'met' if t['gate_s']['met'] else 'missed'})",
+                            _s(ex["fits"]["build_s"]["full_depth"]), _s(ex["fits"]["score_s"]["full_depth"]),
+                            "–", f"**{gof['value']:.1f}** (target ≤ {gof['target']}: "
+                            f"{'met' if gof['met'] else 'missed'})", _gb(mem.get("peak_bytes")) + " predicted",
+                            _gb(ex["fits"]["host_peak_bytes"]["full_depth"]),
+                            f"{mem.get('arms_per_group')} per group, {mem.get('groups')} groups" if mem else "–",
+                            "–"]))
+        warn = [f"`{k}` ({v['warning']})" for k, v in ex["fits"].items() if v.get("warning")]
+        lines += ["", f"Fitted rows: {r['settings']['extrapolation']}; memory: {mem.get('formula', '–')}."
+                  + (f" Fits the fit itself flags: {', '.join(warn)}; a negative predicted extra time counts as 0 s."
+                     if warn else "")]
+    return "\n".join(lines)
+
+
+def _prefill_line(path: Path, r: dict) -> str:
+    """One prefill_bench receipt as a sentence: each batch's throughput against bf16, and the target."""
+    st = r["settings"]
+    rows = "; ".join(f"{row['batch']}: many-row path {row['prefill_over_bf16']:.3f}×, decode path "
+                     f"{row['decode_over_bf16']:.2f}× (logits against the decode path: max relative "
+                     f"{row['logits']['prefill_vs_decode']['max_rel']:.3f})" for row in r["rows"])
+    return (stale_note(path, r) + f"Scoring throughput against bf16 (`data/receipts/{path.name}`, {_prov(r)}; "
+            f"{st['arch']} at the published width, {st['layers']} layers, {st['targets']}, tokens/s over "
+            f"bf16 with {st['experts_implementation']} experts): {rows}. Target ≥ "
+            f"{r['target']['prefill_over_bf16_min']}×: {'met' if r['target']['met'] else 'missed'}.")
 
 
 DECODE_STEP_START, DECODE_STEP_END = "<!-- decode-step:start -->", "<!-- decode-step:end -->"
@@ -841,26 +889,27 @@ def decode_step_table(receipts=RECEIPTS) -> str:
     out = []
     for path, r in found:
         refuse_partial(r, path)
-        lines = ["| model | batch, context | read floor / layer | int4 graphed | int4_fused graphed | best bf16 | "
-                 "tokens/s int4_fused / best bf16 | eager int4 / eager bf16 | eager int4_fused / eager bf16 |",
-                 "|---|---|---|---|---|---|---|---|---|"]
-        for arch, a in r.get("archs", {}).items():
-            for case, v in a.get("summary", {}).items():
-                fl = v.get("int4_floor_us")
-                ratio = lambda k: (f"{v[k]:.1f} µs ({v[k] / fl:.2f}×)" if v.get(k) and fl else _f(v.get(k)))  # noqa: E731
-                bb = v.get("best_bf16") or {}
-                lines.append(_line([
-                    arch, case.replace("B", "").replace(" C", ", "), f"{fl:.1f} µs" if fl else "–",
-                    ratio("int4_graphed_per_layer_us"), ratio("int4_fused_graphed_per_layer_us"),
-                    f"{bb['per_layer_us']:.1f} µs ({bb.get('impl')}, {bb.get('run')})" if bb else "–",
-                    _f(v.get("int4_fused_over_best_bf16_tokens_per_s"), 2) + "×",
-                    _f(v.get("int4_eager_over_default_bf16_eager"), 2) + "×",
-                    _f(v.get("int4_fused_eager_over_default_bf16_eager"), 2) + "×"]))
-        errs = {arch: sorted(a.get("errors") or {}) for arch, a in r.get("archs", {}).items() if a.get("errors")}
-        out.append(stale_note(path, r) + "\n".join(lines) + "\n\n" + (
-            f"Parts that failed (their errors are in the receipt): {errs}. " if errs else "") +
-            "Eager columns: per layer = step(2 layers) − step(1 layer) from the run's eager samples; chapter 07 decides "
-            f"a target only beyond the samples' spread. `{path.name}`: {_prov(r)}.")
+        with reading(path):
+            lines = ["| model | batch, context | read floor / layer | int4 graphed | int4_fused graphed | best bf16 | "
+                     "tokens/s int4_fused / best bf16 | eager int4 / eager bf16 | eager int4_fused / eager bf16 |",
+                     "|---|---|---|---|---|---|---|---|---|"]
+            for arch, a in r.get("archs", {}).items():
+                for case, v in a.get("summary", {}).items():
+                    fl = v.get("int4_floor_us")
+                    ratio = lambda k: (f"{v[k]:.1f} µs ({v[k] / fl:.2f}×)" if v.get(k) and fl else _f(v.get(k)))  # noqa: E731
+                    bb = v.get("best_bf16") or {}
+                    lines.append(_line([
+                        arch, case.replace("B", "").replace(" C", ", "), f"{fl:.1f} µs" if fl else "–",
+                        ratio("int4_graphed_per_layer_us"), ratio("int4_fused_graphed_per_layer_us"),
+                        f"{bb['per_layer_us']:.1f} µs ({bb.get('impl')}, {bb.get('run')})" if bb else "–",
+                        _f(v.get("int4_fused_over_best_bf16_tokens_per_s"), 2) + "×",
+                        _f(v.get("int4_eager_over_default_bf16_eager"), 2) + "×",
+                        _f(v.get("int4_fused_eager_over_default_bf16_eager"), 2) + "×"]))
+            errs = {arch: sorted(a.get("errors") or {}) for arch, a in r.get("archs", {}).items() if a.get("errors")}
+            out.append(stale_note(path, r) + "\n".join(lines) + "\n\n" + (
+                f"Parts that failed (their errors are in the receipt): {errs}. " if errs else "") +
+                "Eager columns: per layer = step(2 layers) − step(1 layer) from the run's eager samples; chapter 07 decides "
+                f"a target only beyond the samples' spread. `{path.name}`: {_prov(r)}.")
     return "\n\n".join(out)
 
 
@@ -957,6 +1006,73 @@ def layout_block(root=None) -> str:
             "Python, Markdown and shell files.\n\n```text\n" + body + "\n```")
 
 
+class Pages:
+    """The pages a run rewrites, edited in memory: every input is read and every block rendered before the first
+    write (`write_all`), so a bad receipt or a page without its markers leaves every page as it was."""
+
+    def __init__(self):
+        self.text: dict[Path, str] = {}
+        self.flag: dict[Path, str] = {}
+
+    def get(self, path, flag: str) -> str:
+        from int4lab._checks import check_out_path
+        path = Path(path)
+        if path not in self.text:
+            check_out_path(path, flag=flag)                     # a regular file we may replace
+            if not path.is_file():
+                raise FileNotFoundError(f"{flag} {str(path)!r} does not exist")
+            with reading(path):
+                self.text[path], self.flag[path] = path.read_text(), flag
+        return self.text[path]
+
+    def put(self, path, flag: str, block: str, start: str, end: str) -> None:
+        self.text[Path(path)] = replace_block(self.get(path, flag), block, start, end, f"{flag} {str(path)!r}")
+
+    def write_all(self) -> None:
+        for path, text in self.text.items():
+            write_text_atomic(path, text, self.flag[path])
+            print(f"rewrote {path}")
+
+
+def plan(args, pages: Pages) -> str | None:
+    """Fill `pages` with every rewrite `args` asks for; returns the decode block to print (None: --readme only).
+    Raises ValueError / FileNotFoundError naming the flag or file; writes nothing."""
+    if args.readme:
+        pages.put(args.readme, "--readme", layout_block(), LAYOUT_START, LAYOUT_END)
+        if not (args.results or args.notes or args.pages):
+            return None
+    if not args.receipt.exists():
+        raise FileNotFoundError(f"--receipt: no receipt at {args.receipt}: run `python -m lab.bench` on a CUDA "
+                                f"machine first")
+    rec = load(args.receipt)
+    rep = repeat_of(rec)
+    spread = (run_to_run(rec, load(rep)) if rep.exists() else None) or 0.0
+    anchors, paired = anchor_rows(args.anchors), paired_ratios(rec)
+    with reading(args.receipt):
+        block = render(rec, anchors, spread, paired)
+    if args.results:
+        refuse_partial(rec, args.receipt)                # whole runs only
+        text = pages.get(args.results, "--results")
+        pages.put(args.results, "--results", block, START, END)
+        for start, end, fn in ((TARGETS_START, TARGETS_END, target_definitions),
+                               (RESULTS_START, RESULTS_END, render_results),
+                               (REALSCALE_START, REALSCALE_END, realscale_table),
+                               (DECODE_STEP_START, DECODE_STEP_END, decode_step_table)):
+            if start in text:
+                pages.put(args.results, "--results", fn(), start, end)
+    for page in args.pages:
+        text = pages.get(page, "--pages")
+        for start, end, fn in ((REALSCALE_START, REALSCALE_END, realscale_table),
+                               (DECODE_STEP_START, DECODE_STEP_END, decode_step_table)):
+            if start in text:
+                pages.put(page, "--pages", fn(), start, end)
+    if args.notes:
+        with reading(args.receipt):
+            misses = misses_block(rec, anchors, spread, paired)
+        pages.put(args.notes, "--notes", misses, MISSES_START, MISSES_END)
+    return block
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--receipt", type=Path, default=DEFAULT_OUT, help="decode receipt to tabulate")
@@ -971,44 +1087,14 @@ def main(argv=None) -> int:
                     help="other pages whose real-width and decode-step blocks to rewrite (notes/realscale.md)")
     ap.add_argument("--anchors", type=Path, default=ANCHORS, help="folder with recorded llama.cpp timings")
     args = ap.parse_args(argv)
-    if args.readme:
-        print(f"rewrote {rewrite_readme(args.readme, layout_block(), LAYOUT_START, LAYOUT_END)}")
-        if not (args.results or args.notes or args.pages):
-            return 0
-    if not args.receipt.exists():
-        print(f"no receipt at {args.receipt}: run `python -m lab.bench` on a CUDA machine first", file=sys.stderr)
+    pages = Pages()
+    try:                                  # every input read, every block rendered, before any page is written
+        block = plan(args, pages)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
-    rec = load(args.receipt)
-    spread = (run_to_run(rec, load(repeat_of(rec))) if repeat_of(rec).exists() else None) or 0.0
-    anchors, paired = anchor_rows(args.anchors), paired_ratios(rec)
-    block = render(rec, anchors, spread, paired)
-    if args.results:
-        try:                                     # whole runs only, checked before anything is rewritten
-            refuse_partial(rec, args.receipt)
-            text = Path(args.results).read_text()
-            results = render_results() if RESULTS_START in text else None
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        print(f"rewrote {rewrite_readme(args.results, block)}")
-        if TARGETS_START in text:                                # the named targets' definitions
-            rewrite_readme(args.results, target_definitions(), TARGETS_START, TARGETS_END)
-        if results is not None:                                  # the models / gates / packing block
-            rewrite_readme(args.results, results, RESULTS_START, RESULTS_END)
-        if REALSCALE_START in text:                              # the real-checkpoint block
-            rewrite_readme(args.results, realscale_table(), REALSCALE_START, REALSCALE_END)
-        if DECODE_STEP_START in text:                            # the whole decode step
-            rewrite_readme(args.results, decode_step_table(), DECODE_STEP_START, DECODE_STEP_END)
-    for page in args.pages:
-        text = Path(page).read_text()
-        for start, end, fn in ((REALSCALE_START, REALSCALE_END, realscale_table),
-                               (DECODE_STEP_START, DECODE_STEP_END, decode_step_table)):
-            if start in text:
-                print(f"rewrote {rewrite_readme(page, fn(), start, end)}")
-    if args.notes:
-        misses = misses_block(rec, anchors, spread, paired)
-        print(f"rewrote {rewrite_readme(args.notes, misses, MISSES_START, MISSES_END)}")
-    if not (args.results or args.notes or args.pages):
+    pages.write_all()
+    if block is not None and not (args.results or args.notes or args.pages):
         print(block)
     return 0
 
