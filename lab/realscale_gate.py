@@ -234,6 +234,16 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _check_gate_args(text: str, extra: list) -> None:
+    """The extra gate flags parse as the gate's own (its parser's message goes to stderr first)."""
+    from int4lab.gate.cli import parser as gate_parser
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            gate_parser().parse_args(["--model", "olmoe", *README_FLAGS, *extra])
+    except SystemExit:
+        raise ValueError(f"--gate-args {text!r}: not flags the gate accepts") from None
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     layers = sorted(set(args.layers))
@@ -242,7 +252,15 @@ def main(argv=None) -> int:
         if bad:
             print(f"error: --layers must be in [1, {FULL_LAYERS[arch]}] for {arch}, got {bad}", file=sys.stderr)
             return 2
-    extra = shlex.split(args.gate_args)
+    try:                                         # before anything is built: where the receipt and the scratch go
+        from int4lab._checks import check_dir_path, check_out_path
+        extra = shlex.split(args.gate_args)
+        check_out_path(args.out)
+        check_dir_path(args.workdir, flag="--workdir")
+        _check_gate_args(args.gate_args, extra)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     t_start = time.time()
 
     def log(msg):
