@@ -23,7 +23,9 @@ group rule (`predict_groups`): how many arms a group holds on the card, the grou
 source forwards the groups cost. "gate / forwards" is the gate's wall time over the time inside the forwards
 it ran (scoring, floor and GPTQ calibration); its target is <= 1.5.
 
-Depths run in increasing order; the receipt is rewritten after each one, so a timeout keeps what finished.
+Depths run in increasing order; the receipt is rewritten after each one, so a timeout keeps what finished: its
+top-level "complete" stays false until every depth ran ("interrupted" names what stopped it), and the report
+marks such a receipt.
 --deadline skips a depth whose predicted time (the last depth's, scaled by layers) would not fit what is left.
 """
 from __future__ import annotations
@@ -35,6 +37,7 @@ import json
 import math
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -274,29 +277,39 @@ def main(argv=None) -> int:
                 "device_map": args.device_map, "max_memory": args.max_memory, "card_bytes": card,
                 "targets": {"gate_s": TARGET_S, "gate_over_forwards": TARGET_RATIO},
                 "extrapolation": "q = fixed + layers x per_layer through the measured depths (least squares)"}
-    payload = {"settings": settings, "archs": {}}
+    payload = {"settings": settings, "complete": False, "archs": {}}   # complete: set once every depth ran
     failed = 0
-    for arch in args.arch:
-        a = payload["archs"].setdefault(arch, {"full_layers": FULL_LAYERS[arch], "depths": {}})
-        prev = None
-        for L in layers:
-            if args.deadline and prev:
-                need = prev[1] * L / prev[0]            # the last depth's time, scaled by layers: an upper bound
-                left = args.deadline - (time.time() - t_start)
-                if need > left:
-                    a["depths"][str(L)] = {"layers": L, "skipped": f"predicted {need:.0f} s, {left:.0f} s left"}
-                    log(f"{arch} {L} layers skipped: predicted {need:.0f} s, {left:.0f} s left")
-                    continue
-            log(f"== {arch}: {L} of {FULL_LAYERS[arch]} layers, {args.width} width")
-            rec = measure_depth(arch, L, args.workdir, args.width, args.device, args.device_map, args.max_memory,
-                                extra, log, warmup=args.warmup and prev is None)
-            a["depths"][str(L)] = rec
-            failed += "error" in rec
-            if rec.get("gate"):
-                prev = (L, rec["gate"]["s"] + rec["synth"]["s"])
-            a["extrapolation"] = extrapolate_arch(arch, a["depths"], card, args.device_map)
-            write(args.out, payload, command)
-            log(f"receipt written: {args.out}")
+    old_handler = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))    # `timeout` stops with SIGTERM
+    try:
+        for arch in args.arch:
+            a = payload["archs"].setdefault(arch, {"full_layers": FULL_LAYERS[arch], "depths": {}})
+            prev = None
+            for L in layers:
+                if args.deadline and prev:
+                    need = prev[1] * L / prev[0]            # the last depth's time, scaled by layers: an upper bound
+                    left = args.deadline - (time.time() - t_start)
+                    if need > left:
+                        a["depths"][str(L)] = {"layers": L, "skipped": f"predicted {need:.0f} s, {left:.0f} s left"}
+                        log(f"{arch} {L} layers skipped: predicted {need:.0f} s, {left:.0f} s left")
+                        continue
+                log(f"== {arch}: {L} of {FULL_LAYERS[arch]} layers, {args.width} width")
+                rec = measure_depth(arch, L, args.workdir, args.width, args.device, args.device_map, args.max_memory,
+                                    extra, log, warmup=args.warmup and prev is None)
+                a["depths"][str(L)] = rec
+                failed += "error" in rec
+                if rec.get("gate"):
+                    prev = (L, rec["gate"]["s"] + rec["synth"]["s"])
+                a["extrapolation"] = extrapolate_arch(arch, a["depths"], card, args.device_map)
+                write(args.out, payload, command)
+                log(f"receipt written: {args.out}")
+    except BaseException as e:               # Ctrl-C, SIGTERM, an error: what finished is kept, marked partial
+        payload["interrupted"] = f"{type(e).__name__}: {e}"[:500]
+        write(args.out, payload, command)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, old_handler)
+    payload["complete"] = True
+    write(args.out, payload, command)
     return 1 if failed else 0
 
 
