@@ -260,6 +260,7 @@ def _replace_dir(fresh: Path, target: Path) -> None:
     except BaseException:
         if old is not None:
             os.replace(old / target.name, target)
+            shutil.rmtree(old, ignore_errors=True)
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
