@@ -128,3 +128,111 @@ def test_header_tensors_must_be_the_checksummed_ones(saved, tmp_path, monkeypatc
                                          r"list: unlisted \['extra.huge'\]"):
         load_quantized(tmp_path / "x.safetensors", base)
     assert not any(isinstance(m, Int4Experts) for m in base.modules())
+
+
+# ---------------------------------------------------------------------------------------------- GPTQ, the gate
+
+def test_moe_gptq_refuses_an_asymmetric_hessian_as_its_2d_twin_does():
+    from int4lab.gptq import gptq_pack_int4_b32, gptq_pack_int4_b32_experts
+    w = torch.randn(3, 16, 64)
+    x = torch.randn(3, 256, 64)
+    H = x.transpose(1, 2) @ x / 256
+    H[1, 0, 5] += 1.0                                                     # expert 1 only
+    with pytest.raises(ValueError, match=r"hessian must be symmetric"):
+        gptq_pack_int4_b32(w[1], H[1])
+    with pytest.raises(ValueError, match=r"hessian must be symmetric \(H = 2/n Σ x xᵀ\): experts \[1\] are not"):
+        gptq_pack_int4_b32_experts(w, H)
+    H[1, 0, 5] -= 1.0
+    gptq_pack_int4_b32_experts(w, H)                                      # the symmetric one still packs
+
+
+def test_calibration_length_follows_the_window_rule():
+    """--calib-len past the trained context is refused as --window is, by the CLI's checks and by run_gate."""
+    from int4lab.gate.settings import check_settings
+    with pytest.raises(ValueError, match=r"--calib-len: calib_len must be at most the model's trained context 256"):
+        check_settings(calib_len=512, trained_context=256)
+    with pytest.raises(ValueError, match=r"--window: window must be at most the model's trained context 256"):
+        check_settings(window=512, trained_context=256)
+    check_settings(calib_len=256, trained_context=256)
+
+
+def test_gate_cli_refuses_a_long_calibration_before_loading(capsys, monkeypatch):
+    from int4lab import gate
+    from int4lab.gate import cli
+    monkeypatch.setattr(cli, "run_gate", lambda *a, **k: pytest.fail("the gate ran"))
+    assert gate.main(["--model", "olmoe", "--calib-len", "100000"]) == 2
+    assert "--calib-len: calib_len must be at most the model's trained context" in capsys.readouterr().err
+
+
+def test_fallback_is_shown_beside_the_verdict():
+    """A GPTQ arm whose experts partly fell back to round-to-nearest says so where its verdict is printed: the
+    CLI's table and the README's."""
+    from int4lab.gate.table import fallback_note, format_table, rows
+    ci = {"value": 0.001, "lo": 0.0, "hi": 0.002}
+    arm = {"kind": "gptq", "quant_report": {"gptq_experts": 17, "fallback": [{"layer": 0, "expert": e, "rows": 1}
+                                                                             for e in range(111)]},
+           "texts": {"test": {"tokens": 10, "ppl": 2.0, "rel": ci, "kl": ci, "top1": {"value": 0.9}}},
+           "verdict": {"verdict": "PASS"}}
+    assert fallback_note(arm) == " (GPTQ→RTN fallback: 111 of 128 experts)"
+    assert fallback_note({**arm, "kind": "rtn"}) == "" and fallback_note({**arm, "quant_report": {}}) == ""
+    payload = {"texts": {"test": {"tokens": 10, "source_ppl": 2.0}}, "arms": {"gptq/experts/W4A8 draw#0": arm},
+               "budget": 0.01, "settings": {"window": 8, "n_boot": 100, "seed": 0}}
+    assert rows(payload)[-1]["verdict"] == "PASS (GPTQ→RTN fallback: 111 of 128 experts)"
+    assert format_table(payload).splitlines()[-3].endswith("PASS (GPTQ→RTN fallback: 111 of 128 experts)")
+
+
+def test_gate_table_in_the_readme_shows_the_fallback(tmp_path):
+    from int4lab.gate import render_gate_table
+    ci = {"value": 0.001, "lo": 0.0, "hi": 0.002}
+    arm = {"kind": "gptq", "quant_report": {"gptq_experts": 17, "fallback": [{}] * 111},
+           "texts": {"test": {"rel": ci, "kl": ci}}, "verdict": {"verdict": "PASS"}}
+    rec = {"settings": {"scored": "every arm on every document"}, "model": "tiny",
+           "texts": {"test": {"source_ppl": 2.0, "tokens": 10}}, "arms": {"gptq/experts/W4A8 draw#0": arm}}
+    (tmp_path / "gate_tiny.json").write_text(json.dumps(rec))
+    line = [x for x in render_gate_table(tmp_path).splitlines() if "draw#0" in x][0]
+    assert "| PASS (GPTQ→RTN fallback: 111 of 128 experts) |" in line
+
+
+@pytest.fixture(scope="module")
+def checkpoint_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ckpt_dir") / "olmoe"
+    tiny_model("olmoe").save_pretrained(d, max_shard_size="100KB")
+    from int4lab.models import load_tokenizer
+    load_tokenizer().save_pretrained(d)
+    return d
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda d: [p.unlink() for p in d.glob("*.safetensors")] and (d / "model.safetensors.index.json").unlink(),
+     r"holds no weights \(no \*.safetensors or \*.bin beside config.json\)"),
+    (lambda d: sorted(d.glob("model-*.safetensors"))[-1].unlink(), r"weight shards named in "
+                                                                   r"model.safetensors.index.json are missing"),
+    (lambda d: (d / "tokenizer.json").unlink(), r"holds no tokenizer"),
+    (lambda d: (d / "model.safetensors.index.json").write_text("{"), r"is not a usable shard index"),
+], ids=["no_weights", "missing_shard", "no_tokenizer", "broken_index"])
+def test_gate_refuses_an_incomplete_checkpoint_directory_before_loading(checkpoint_dir, tmp_path, capsys, monkeypatch,
+                                                                         damage, match):
+    import shutil
+    from int4lab import gate
+    from int4lab.gate import cli
+    d = tmp_path / "olmoe"
+    shutil.copytree(checkpoint_dir, d)
+    damage(d)
+    monkeypatch.setattr(cli, "run_gate", lambda *a, **k: pytest.fail("the gate ran"))
+    assert gate.main(["--model", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert f"--model '{d}'" in err and __import__("re").search(match, err) and "Traceback" not in err
+    with pytest.raises(ValueError, match=match):
+        gate.load_model(str(d))
+
+
+def test_unknown_lm_eval_task_is_refused_before_the_model_loads():
+    pytest.importorskip("lm_eval")
+    from int4lab import gate
+    from int4lab.gate.lmeval import check_tasks
+
+    def never(*a, **k):
+        raise AssertionError("the model loaded before the task names were checked")
+    with pytest.raises(ValueError, match=r"--tasks: \['wikitxet'\] are not lm-eval tasks"):
+        gate.run_gate("olmoe", gate.plan_arms(), tasks=["wikitext", "wikitxet"], loader=never)
+    check_tasks(["wikitext", "int4lab_test"])
