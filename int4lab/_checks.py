@@ -172,6 +172,18 @@ def check_out_path(path, *, flag: str = "--out", force: bool | None = None):
     return p
 
 
+def cli_out_ok(path, *, flag: str = "--out", force: bool | None = None) -> bool:
+    """`check_out_path` for a command line: False after printing its one-line refusal to stderr (the caller then
+    exits 2 before any work)."""
+    import sys
+    try:
+        check_out_path(path, flag=flag, force=force)
+        return True
+    except (ValueError, FileExistsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return False
+
+
 def check_dir_path(path, *, flag: str = "--workdir"):
     """Check, before any work starts, that `path` is a writable directory or can be created as one."""
     from pathlib import Path
