@@ -146,6 +146,31 @@ def _export(argv):
     return export.main(argv)
 
 
+def _prefill(argv):
+    from lab import prefill_bench
+    return prefill_bench.main(argv)
+
+
+def _decide(argv):
+    from lab.bench import decide
+    return decide.main(argv)
+
+
+def _sweep(argv):
+    from lab.tune import sweep
+    return sweep.main(argv)
+
+
+def _replay(argv):
+    from lab.tune import replay_check
+    return replay_check.main(argv)
+
+
+def _bench_pack(argv):
+    from lab import bench_pack
+    return bench_pack.main(argv)
+
+
 CLI = [
     (_gate, ["--model", "olmoe", "--out", "{fifo}"], r"--out '.*' is a FIFO"),
     (_gate, ["--model", "olmoe", "--out", "{link}"], r"--out '.*' is a symbolic link"),
@@ -172,6 +197,12 @@ CLI = [
     (_train, ["--arch", "mixtral", "--out", "{file}", "--receipts", "{tmp}/r"], r"--out '.*' is a file"),
     (_train, ["--arch", "mixtral", "--out", "{tmp}/m", "--receipts", "{tmp}/r", "--tokenizer", "{tmp}/none"],
      r"--tokenizer: no tokenizer.json in"),
+    (_prefill, ["--out", "{fifo}"], r"--out '.*' is a FIFO"),
+    (_decide, ["--spec", "gemv:4096x4096", "--out", "{link}"], r"--out '.*' is a symbolic link"),
+    (_decide, ["--spec", "gemv:4096x4096", "--rounds", "2", "--out", "{tmp}/d.json"], r"--rounds must be >= "),
+    (_sweep, ["--out", "{tmp}"], r"--out '.*' is a directory"),
+    (_replay, ["--out", "{fifo}"], r"--out '.*' is a FIFO"),
+    (_bench_pack, ["--shapes", "32x64", "--out", "{link}"], r"--out '.*' is a symbolic link"),
 ]
 
 
@@ -179,10 +210,14 @@ CLI = [
 def test_cli_refuses_an_unusable_output_before_any_work(main, argv, match, tmp_path, capsys, monkeypatch):
     from lab import realscale, realscale_gate, synth, train
     from lab.bench import cli as bench_cli
+    from lab import bench_pack, prefill_bench
+    from lab.bench import decide
     from lab.decode_step import bench as step_bench
+    from lab.tune import replay_check
     for mod, attr in ((gate_cli, "run_gate"), (export, "build_model"), (realscale, "measure_arch"),
                       (bench_cli, "run"), (realscale_gate, "measure_depth"), (step_bench, "Run"),
-                      (synth, "synth_config"), (train, "train_one")):
+                      (synth, "synth_config"), (train, "train_one"), (prefill_bench, "run"), (decide, "measure"),
+                      (decide.subprocess, "run"), (replay_check, "run"), (bench_pack, "bench_pack")):
         monkeypatch.setattr(mod, attr, _tripwire)
     f = tmp_path / "a_file"
     f.write_text("not json")
