@@ -380,7 +380,10 @@ def main(argv=None) -> int:
             if v < 1:
                 raise ValueError(f"{flag} must be a positive int, got {v}")
         check_out_path(args.out, force=args.force)
-        model_name_and_context(args.model)              # a tiny model name, or a directory with a usable config
+        _, context = model_name_and_context(args.model)   # a tiny model name, or a directory with a usable config
+        if not args.source:                               # the gate's calibration rules, its trained context included
+            from .gate.settings import check_settings
+            check_settings(calib_tokens=args.calib_tokens, calib_len=args.calib_len, trained_context=context)
         scheme, targets = args.scheme or "rtn", args.targets or "experts"
         m, _, name = build_model(args.model, None if args.source else scheme, targets,
                                  calib_tokens=args.calib_tokens, calib_len=args.calib_len, progress=True)

@@ -236,3 +236,19 @@ def test_unknown_lm_eval_task_is_refused_before_the_model_loads():
     with pytest.raises(ValueError, match=r"--tasks: \['wikitxet'\] are not lm-eval tasks"):
         gate.run_gate("olmoe", gate.plan_arms(), tasks=["wikitext", "wikitxet"], loader=never)
     check_tasks(["wikitext", "int4lab_test"])
+
+
+def test_quantize_model_refuses_calibration_past_the_models_positions():
+    m = tiny_model("mixtral")
+    n = m.config.max_position_embeddings
+    with pytest.raises(ValueError, match=rf"calib_ids must hold sequences of at most max_position_embeddings = {n} "
+                                         rf"tokens .*got length {n + 1}"):
+        quantize_model(m, "gptq", calib_ids=torch.zeros(1, n + 1, dtype=torch.int64), progress=False)
+
+
+def test_export_refuses_a_calibration_window_past_the_trained_context(tmp_path, capsys, monkeypatch):
+    from int4lab import export
+    monkeypatch.setattr(export, "build_model", lambda *a, **k: pytest.fail("the model was built"))
+    assert export.main(["--model", "olmoe", "--scheme", "gptq", "--calib-len", "4096", "--out",
+                        str(tmp_path / "m.gguf")]) == 2
+    assert "--calib-len: calib_len must be at most the model's trained context 256" in capsys.readouterr().err

@@ -136,6 +136,10 @@ def quantize_model(model, scheme: str = "rtn", targets: str = "experts", act: st
         if lo < 0 or hi >= vocab:
             raise ValueError(f"calib_ids must lie in [0, vocab_size) = [0, {vocab}), got values in [{lo}, {hi}] "
                              f"(tokenised with another tokenizer?)")
+        n_pos = getattr(model.config, "max_position_embeddings", None)
+        if isinstance(n_pos, int) and calib_ids.shape[1] > n_pos:
+            raise ValueError(f"calib_ids must hold sequences of at most max_position_embeddings = {n_pos} tokens "
+                             f"(the positions the model has), got length {calib_ids.shape[1]}")
     elif calib_ids is not None:
         raise ValueError("calib_ids is only used by scheme='gptq'; pass None for round-to-nearest")
     rep = QuantReport(arch=arch, scheme=sch, min_rows=min_rows or 0, damp=damp if scheme == "gptq" else 0.0,
