@@ -10,9 +10,9 @@ Each repeat times one call, from source weight and Hessian already on the device
 (torch.cuda.synchronize() before stopping the clock). The Hessian is built from synthetic activations
 (`lab.chapters.calib.synthetic_activations`, 2K rows), which does not change the work: GPTQ's cost is the Cholesky
 factorisation of H (~K³/3 flops, twice) plus the column sweep (~2NK·blocksize flops and K small steps).
-Writes runs/gptq_pack_<cpu|h200|gpu name>.json (data/receipts/ only when --out names it): rows of N, K, device, impl, seconds (median wall
-time) with min/max and the median process CPU time (on a shared CPU, wall time swings with the neighbours' load;
-CPU time much less), through `write_receipt`.
+Writes runs/gptq_pack_<cpu|h200|gpu name>.json (data/receipts/ only when --out names it): rows of N, K, device,
+impl, seconds (median wall time) with min/max and the median process CPU time (on a shared CPU, wall time swings
+with the neighbours' load; CPU time much less), through `write_receipt`.
 """
 from __future__ import annotations
 

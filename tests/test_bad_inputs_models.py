@@ -92,7 +92,8 @@ def _no_tensor_read(monkeypatch):
 
 @pytest.mark.parametrize("edit,match", [
     (lambda s: s.__setitem__("extra.huge", torch.zeros(4096)), r"unexpected \['extra.huge'\]"),
-    (lambda s: s.pop("model.layers.1.mlp.experts.down_scales"), r"missing \['model.layers.1.mlp.experts.down_scales'\]"),
+    (lambda s: s.pop("model.layers.1.mlp.experts.down_scales"),
+     r"missing \['model.layers.1.mlp.experts.down_scales'\]"),
     (lambda s: s.__setitem__("model.layers.0.mlp.experts.down_scales",
                              s["model.layers.0.mlp.experts.down_scales"][:, :, :1].contiguous()),
      r"tensor model.layers.0.mlp.experts.down_scales is declared \(8, 64, 1\) F16, the model expects \(8, 64, \d+\)"),

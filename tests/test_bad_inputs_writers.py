@@ -176,7 +176,8 @@ CLI = [
     (_gate, ["--model", "olmoe", "--out", "{link}"], r"--out '.*' is a symbolic link"),
     (_bench, ["--out", "{fifo}"], r"--out '.*' is a FIFO"),
     (_export, ["--model", "olmoe", "--out", "{link}", "--force"], r"--out '.*' is a symbolic link"),
-    (_realscale, ["--arch", "olmoe", "--layers", "1", "--workdir", "{tmp}/w", "--out", "{fifo}"], r"--out '.*' is a FIFO"),
+    (_realscale, ["--arch", "olmoe", "--layers", "1", "--workdir", "{tmp}/w", "--out", "{fifo}"],
+     r"--out '.*' is a FIFO"),
     (_realscale_gate, ["--arch", "olmoe", "--layers", "1", "--workdir", "{tmp}/w", "--out", "{fifo}"],
      r"--out '.*' is a FIFO"),
     (_realscale_gate, ["--arch", "olmoe", "--layers", "1", "--workdir", "{file}", "--out", "{tmp}/r.json"],
@@ -229,7 +230,8 @@ def test_cli_refuses_an_unusable_output_before_any_work(main, argv, match, tmp_p
     err = capsys.readouterr().err
     assert __import__("re").search(match, err), err
     assert "Traceback" not in err
-    assert f.read_text() == "not json" and (tmp_path / "link").is_symlink() and (tmp_path / "real").read_text() == "keep"
+    assert f.read_text() == "not json" and (tmp_path / "link").is_symlink()
+    assert (tmp_path / "real").read_text() == "keep"
     assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
 
 

@@ -93,7 +93,8 @@ def render_gate_table(receipts_dir) -> str:
             judged = cal.get(name.split(" ")[0], "–") if a["kind"] == "gptq" else "–"
             cells = [_pct(a["texts"][t]["rel"]) if t in a["texts"] else "–" for t in texts]
             kls = [_kl(a["texts"][t]["kl"]) if t in a["texts"] else "–" for t in texts]
-            lines.append("| " + " | ".join([r["model"], name] + cells + [a["verdict"]["verdict"] + fallback_note(a)] + kls
+            verdict = a["verdict"]["verdict"] + fallback_note(a)
+            lines.append("| " + " | ".join([r["model"], name] + cells + [verdict] + kls
                                           + [judged, f"`{p.name}`"]) + " |")
         blank = [""] * (1 + len(texts))
         for base, lot in r.get("lottery", {}).items():
