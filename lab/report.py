@@ -896,7 +896,8 @@ def decode_step_table(receipts=RECEIPTS) -> str:
             for arch, a in r.get("archs", {}).items():
                 for case, v in a.get("summary", {}).items():
                     fl = v.get("int4_floor_us")
-                    ratio = lambda k: (f"{v[k]:.1f} µs ({v[k] / fl:.2f}×)" if v.get(k) and fl else _f(v.get(k)))  # noqa: E731
+                    ratio = lambda k: (f"{v[k]:.1f} µs ({v[k] / fl:.2f}×)"                  # noqa: E731
+                                       if v.get(k) and fl else _f(v.get(k)))
                     bb = v.get("best_bf16") or {}
                     lines.append(_line([
                         arch, case.replace("B", "").replace(" C", ", "), f"{fl:.1f} µs" if fl else "–",
@@ -908,8 +909,8 @@ def decode_step_table(receipts=RECEIPTS) -> str:
             errs = {arch: sorted(a.get("errors") or {}) for arch, a in r.get("archs", {}).items() if a.get("errors")}
             out.append(stale_note(path, r) + "\n".join(lines) + "\n\n" + (
                 f"Parts that failed (their errors are in the receipt): {errs}. " if errs else "") +
-                "Eager columns: per layer = step(2 layers) − step(1 layer) from the run's eager samples; chapter 07 decides "
-                f"a target only beyond the samples' spread. `{path.name}`: {_prov(r)}.")
+                "Eager columns: per layer = step(2 layers) − step(1 layer) from the run's eager samples; chapter 07 "
+                f"decides a target only beyond the samples' spread. `{path.name}`: {_prov(r)}.")
     return "\n\n".join(out)
 
 
