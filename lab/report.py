@@ -821,8 +821,13 @@ def realscale_table(receipts=RECEIPTS) -> str:
 
 
 def _realscale_block(path: Path, r: dict) -> str:
-    """One realscale_gate receipt's table and its fitted rows."""
-    lines = [stale_note(path, r) + f"`data/receipts/{path.name}` ({_prov(r)}; "
+    """One realscale_gate receipt's table and its fitted rows; a run that stopped early says so first (what finished
+    is kept, the fits use the depths it measured)."""
+    why = r.get("interrupted") or "no reason recorded"
+    partial = "" if r.get("complete") is not False else (
+        f"**Partial run: `{path.name}` stopped before every depth ran** ({why}); the rows below are the depths "
+        "that finished.\n\n")
+    lines = [partial + stale_note(path, r) + f"`data/receipts/{path.name}` ({_prov(r)}; "
              f"`{portable_command(r['provenance'].get('command'))}`):", "",
              "| model | layers | gate | build arms (by kind, s) | score | inside forwards | gate / forwards | GPU peak | "
              "host peak | arms in groups | verdicts |", "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -406,3 +406,17 @@ def test_report_names_a_truncated_decode_receipt(tmp_path, capsys):
     path.write_text('{"provenance": {"device": "H1')
     assert report.main(["--receipt", str(path)]) == 2
     assert f"{path}: not valid JSON" in capsys.readouterr().err
+
+
+def test_the_report_marks_a_partial_realscale_gate_receipt(tmp_path):
+    from lab import report
+    from int4lab.paths import RECEIPTS
+    src = sorted(RECEIPTS.glob("realscale_gate_*.json"))
+    if not src:
+        pytest.skip("no realscale_gate receipt in data/receipts")
+    rec = json.loads(src[0].read_text())
+    (tmp_path / src[0].name).write_text(json.dumps({**rec, "complete": False, "interrupted": "KeyboardInterrupt: "}))
+    text = report.realscale_table(tmp_path)
+    assert text.startswith(f"**Partial run: `{src[0].name}` stopped before every depth ran** (KeyboardInterrupt: )")
+    (tmp_path / src[0].name).write_text(json.dumps(rec))
+    assert "Partial run" not in report.realscale_table(tmp_path)
