@@ -253,3 +253,23 @@ def test_export_refuses_a_calibration_window_past_the_trained_context(tmp_path, 
     assert export.main(["--model", "olmoe", "--scheme", "gptq", "--calib-len", "4096", "--out",
                         str(tmp_path / "m.gguf")]) == 2
     assert "--calib-len: calib_len must be at most the model's trained context 256" in capsys.readouterr().err
+
+
+def test_quantize_model_failing_half_way_leaves_the_float_model(monkeypatch):
+    """An error (or Ctrl-C) after some layers were swapped puts every float module back."""
+    from int4lab.quantize import driver
+    m = tiny_model("mixtral")
+    before = _snapshot(m)
+    real, done = driver._quantize_layer_rtn, []
+
+    def second_fails(layer, *a, **k):
+        if done:
+            raise KeyboardInterrupt
+        done.append(real(layer, *a, **k))
+    monkeypatch.setattr(driver, "_quantize_layer_rtn", second_fails)
+    with pytest.raises(KeyboardInterrupt):
+        quantize_model(m, progress=False)
+    assert done and _snapshot(m)[0] == before[0] and not hasattr(m, "int4_scheme")
+    monkeypatch.undo()
+    quantize_model(m, progress=False)                                # and it still quantises afterwards
+    assert isinstance(m.model.layers[1].mlp.experts, Int4Experts)

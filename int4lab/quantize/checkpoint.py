@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from .driver import check_unquantised, quantize_model
+from .modules import restored_on_failure
 from .layout import Scheme, model_arch
 
 FORMAT_VERSION = 2
@@ -140,16 +141,9 @@ def load_quantized(path, base_model):
                          f"{sorted(set(header) - set(sums))[:5]}, absent {sorted(set(sums) - set(header))[:5]}")
     # The quantised module structure (round-to-nearest placeholders of the right shapes) is built in place; a
     # refusal from here on puts every replaced module back.
-    saved = [(m, dict(m._modules)) for m in base_model.modules()]
-    try:
+    with restored_on_failure(base_model):
         model, _ = quantize_model(base_model, "rtn", sch.targets, sch.act, lm_head=sch.lm_head, progress=False)
         _load_checked(path, model, header, sums, sch)
-    except BaseException:
-        for m, mods in saved:
-            m._modules.clear()
-            m._modules.update(mods)
-        base_model.__dict__.pop("int4_scheme", None)
-        raise
     model.int4_scheme = sch
     return model, sch
 

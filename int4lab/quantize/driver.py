@@ -28,7 +28,7 @@ from ..format import BLOCK, block_scales, check_scale_range, pack_codes, pack_in
 from .hessian import attn_key, expert_key, hessian_hooks
 from .layout import (ATTN_PROJ, LAYOUT, Scheme, attention, decoder_layers, experts_of, input_device, model_arch,
                      moe_block)
-from .modules import Int4Experts, Int4Linear, check_experts_k
+from .modules import Int4Experts, Int4Linear, check_experts_k, restored_on_failure
 
 
 @dataclass
@@ -146,16 +146,17 @@ def quantize_model(model, scheme: str = "rtn", targets: str = "experts", act: st
                       calib_tokens=0 if calib_ids is None else calib_ids.numel(), dither=float(dither),
                       dither_seed=dither_seed if dither else None)
     layers = decoder_layers(model)
-    if scheme == "rtn":
-        gen = torch.Generator().manual_seed(dither_seed)
-        pack = (lambda w: dithered_pack(w, dither, gen)) if dither else pack_int4_b32
-        for li, layer in enumerate(_progress(layers, progress, "rtn pack")):
-            _quantize_layer_rtn(layer, arch, sch, rep, pack, li, bool(dither))
-    else:
-        _quantize_gptq(model, layers, arch, sch, rep, calib_ids, min_rows, damp, blocksize, batch_size, progress)
-    if lm_head:
-        model.lm_head = Int4Linear.from_linear(model.lm_head, act)
-        rep.lm_head = True
+    with restored_on_failure(model):               # a failure half-way leaves the float model, not a mix
+        if scheme == "rtn":
+            gen = torch.Generator().manual_seed(dither_seed)
+            pack = (lambda w: dithered_pack(w, dither, gen)) if dither else pack_int4_b32
+            for li, layer in enumerate(_progress(layers, progress, "rtn pack")):
+                _quantize_layer_rtn(layer, arch, sch, rep, pack, li, bool(dither))
+        else:
+            _quantize_gptq(model, layers, arch, sch, rep, calib_ids, min_rows, damp, blocksize, batch_size, progress)
+        if lm_head:
+            model.lm_head = Int4Linear.from_linear(model.lm_head, act)
+            rep.lm_head = True
     rep.layers = len(layers)
     model.int4_scheme = sch
     return model, rep

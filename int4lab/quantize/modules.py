@@ -244,3 +244,19 @@ class Int4Experts(_Int4Module):
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, hidden={self.hidden_dim}, intermediate={self.intermediate_dim}, "
                 f"act={self.act}, int4-b32")
+
+
+@contextlib.contextmanager
+def restored_on_failure(model):
+    """On an exception inside the block (KeyboardInterrupt included), put back every submodule the modules of
+    `model` held when it began and drop an int4_scheme set inside: a failed or refused conversion (quantize_model,
+    load_quantized) leaves the model as it was. The replaced float modules are never modified, only unhooked."""
+    saved = [(m, dict(m._modules)) for m in model.modules()]
+    try:
+        yield model
+    except BaseException:
+        for m, mods in saved:
+            m._modules.clear()
+            m._modules.update(mods)
+        model.__dict__.pop("int4_scheme", None)
+        raise
