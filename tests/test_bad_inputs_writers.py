@@ -315,6 +315,13 @@ def test_an_interrupted_decode_step_says_so_and_the_report_refuses_it(tmp_path, 
     rec = json.loads(out.read_text())
     assert rec["complete"] is True and "interrupted" not in rec and len(rec["calls"]) == 2
     assert rec["calls"][0]["complete"] is False
+    monkeypatch.setattr(step_bench, "Run", _StopsAfterOnePart)                  # stopped in olmoe again ...
+    with pytest.raises(KeyboardInterrupt):
+        main(["--width", "tiny", "--arch", "olmoe", "--out", str(out)])
+    monkeypatch.setattr(step_bench, "Run", _Finishes)                           # ... and a call on another arch
+    assert main(["--width", "tiny", "--arch", "mixtral", "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["complete"] is False and "['olmoe']" in rec["interrupted"]
 
 
 def test_an_interrupted_realscale_gate_says_so(tmp_path, monkeypatch):

@@ -157,7 +157,11 @@ def main(argv=None) -> int:
         raise
     finally:
         signal.signal(signal.SIGTERM, old_handler)
-    state["complete"] = True
+    # an earlier call's architectures that it left unfinished and this call did not run again stay partial
+    left = sorted({a for c in before.get("calls", []) if c.get("complete") is False
+                   for a in (c.get("settings") or {}).get("arch", []) if a not in args.arch})
+    state.update({"complete": True} if not left else
+                 {"interrupted": f"an earlier call stopped before finishing {left}: run them again"})
     save()
     log(f"receipt: {out}")
     return 0 if ok else 1
