@@ -188,9 +188,9 @@ class Int4Experts(_Int4Module):
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         # Expert ids outside [0, E), one rule on every path: refused (ValueError) where the ids are on the host
-        # and the check costs nothing; on a GPU, where reading them back would stall the queue (or break a graph
-        # capture, or a torch.compile trace), the token's row comes out NaN (the kernels' guard; the reference path
-        # below does the same).
+        # and the check costs nothing; on a GPU or inside a torch.compile trace, where reading them back would stall
+        # the queue or break the capture / trace, the token's row comes out NaN (the kernels' guard; the reference
+        # path below does the same).
         if not top_k_index.is_cuda and not torch.compiler.is_compiling():
             check_ids("top_k_index", top_k_index, self.num_experts)
         if self.prefill_min_rows is not None and self._kernels_for(hidden_states) and \
