@@ -427,3 +427,10 @@ def test_the_report_marks_a_partial_realscale_gate_receipt(tmp_path):
     assert text.startswith(f"**Partial run: `{src[0].name}` stopped before every depth ran** (KeyboardInterrupt: )")
     (tmp_path / src[0].name).write_text(json.dumps(rec))
     assert "Partial run" not in report.realscale_table(tmp_path)
+
+
+def test_tokenizer_cli_names_a_missing_tokenizer(tmp_path, capsys):
+    from int4lab.models import tokenizer
+    assert tokenizer.main(["--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out: no tokenizer at {tmp_path}" in err and "Traceback" not in err
