@@ -103,7 +103,7 @@ def pack(W: torch.Tensor):
     layer = packer()(K, N, groupsize=GROUP)
     lin = torch.nn.Linear(K, N, bias=False, device=W.device, dtype=torch.float16)
     lin.weight.data = wq.to(torch.float16)
-    layer.pack(lin, s.t().contiguous().to(W.device))      # its scales argument is [N, K / 128]
+    layer.pack(lin, s.to(W.device))                    # its scales argument is [N, K / 128]: ours as they are
     return layer.B.to(W.device), layer.s.to(W.device), wq
 
 
