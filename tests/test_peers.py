@@ -24,6 +24,13 @@ PERF = """\
   MUL_MAT_ID(type_a=q4_0,type_b=f32,n_mats=128,n_used=8,b=0,m=2048,n=1,k=768):                119220 runs -     8.61 us/run -  25.17 MFLOP/run -   2.92 TFLOPS
   Backend CUDA0: OK
 """
+# the rotating harness's lines (SYNTHETIC times): the same format plus the copies it rotated through
+ROTATED = """\
+  MUL_MAT(type_a=q4_0,type_b=f32,m=14336,n=1,k=4096,copies=4): 320 runs -    17.10 us/run - p10 17.00 p90 17.30
+  MUL_MAT_ID(type_a=q4_0,type_b=f32,n_mats=128,n_used=8,b=0,m=768,n=1,k=2048,copies=29): 11600 runs -     6.00 us/run - p10 5.9 p90 6.1
+  MUL_MAT_ID(type_a=q4_0,type_b=f32,n_mats=128,n_used=8,b=0,m=2048,n=1,k=768,copies=29): 11600 runs -     7.00 us/run - p10 6.9 p90 7.1
+  MUL_MAT(type_a=q4_K,type_b=f32,m=2048,n=1,k=768,copies=227): not supported [allocation of 1.2 GB failed]
+"""
 
 
 def _row(**kw):
@@ -96,12 +103,18 @@ def test_weight_bytes_per_block():
         ggml_peer.weight_bytes("q8_0", 8, 128)
 
 
-def test_merge_adds_valid_rows_with_floors_and_sums_the_moe_projections(tmp_path):
-    rec_path, out = tmp_path / "decode_synthetic.json", tmp_path / "ggml_synthetic.txt"
+def _merged(tmp_path, rotated=True):
+    rec_path, out, rot = (tmp_path / n for n in ("decode_synthetic.json", "ggml_synthetic.txt", "ggml_rot.txt"))
     rec_path.write_text(json.dumps(_receipt()))
     out.write_text(PERF)
+    rot.write_text(ROTATED)
     for _ in range(2):                                        # merging twice replaces, never duplicates
-        rec = ggml_peer.merge(rec_path, out, "ggml-org/ggml abc")
+        rec = ggml_peer.merge(rec_path, out, "ggml-org/ggml abc", rot if rotated else None)
+    return rec_path, out, rec
+
+
+def test_merge_adds_valid_rows_with_floors_and_sums_the_moe_projections(tmp_path):
+    rec_path, out, rec = _merged(tmp_path, rotated=False)
     assert json.loads(rec_path.read_text()) == rec
     validate_receipt(rec)
     ll = {(r["impl"], r["model"], r["layer"]): r for r in rec["rows"] if r["impl"].startswith("llamacpp")}
@@ -113,7 +126,21 @@ def test_merge_adds_valid_rows_with_floors_and_sums_the_moe_projections(tmp_path
     moe = ll["llamacpp_q4_0_moe", "qwen3", "moe"]
     assert moe["us"] == pytest.approx(2 * 7.20 + 8.61)       # gate and up apart, then down
     assert moe["bytes"] == 8 * 3 * 768 * 2048 * 18 // 32 + 8 * 2048 and moe["floor_us"] == 8.0
-    assert rec["llamacpp"]["source"] == "ggml-org/ggml abc" and len(rec["llamacpp"]["unsupported"]) == 1
+    assert rec["llamacpp"]["source"] == "ggml-org/ggml abc"
+    assert len(rec["llamacpp"]["files"][out.name]["unsupported"]) == 1
+
+
+def test_merge_adds_the_rotating_harness_rows_beside_test_backend_ops(tmp_path):
+    _, _, rec = _merged(tmp_path)
+    rot = {(r["impl"], r["model"]): r for r in rec["rows"] if "_rot" in r["impl"]}
+    assert set(rot) == {("llamacpp_q4_0_rot", "mixtral"), ("llamacpp_q4_0_rot_moe", "qwen3")}
+    assert rot["llamacpp_q4_0_rot", "mixtral"]["us"] == 17.10 and "rotated" in rot["llamacpp_q4_0_rot", "mixtral"]["timer"]
+    assert rot["llamacpp_q4_0_rot_moe", "qwen3"]["us"] == pytest.approx(2 * 6.0 + 7.0)
+    assert sum(r["impl"] == "llamacpp_q4_0" for r in rec["rows"]) == 2   # the eager rows stay
+    timed, bad = ggml_peer.parse(ROTATED)
+    assert [t["copies"] for t in timed] == [4, 29, 29] and "allocation" in bad[0]["reason"]
+    with pytest.raises(ValueError, match="way must be one of"):
+        ggml_peer.rows(timed, rec, "x", way="_graph")
 
 
 def test_merge_cli_refuses_missing_files(tmp_path, capsys):
@@ -145,13 +172,11 @@ def test_every_row_is_judged_against_its_own_bytes():
 
 
 def test_tables_show_each_peer_over_its_floor_and_bf16_at_its_floor(tmp_path):
-    rec_path, out = tmp_path / "decode_synthetic.json", tmp_path / "ggml_synthetic.txt"
-    rec_path.write_text(json.dumps(_receipt()))
-    out.write_text(PERF)
-    rec = ggml_peer.merge(rec_path, out, "ggml-org/ggml abc")
+    _, _, rec = _merged(tmp_path)
     gemv = peer_table.gemv_table(rec)
     head = gemv.splitlines()[0]
     assert "Marlin W4A16 g128" in head and "llama.cpp CUDA Q4_0 (test-backend-ops, eager)†" in head
+    assert "llama.cpp CUDA Q4_0 (rotated, CUDA graph)‡" in head
     assert "GemLite" not in head                                   # no rows, no column
     assert "| 15.4 (" in gemv and "×)" in gemv
     moe = peer_table.moe_table(rec)
@@ -162,7 +187,8 @@ def test_tables_show_each_peer_over_its_floor_and_bf16_at_its_floor(tmp_path):
     assert nb > top and bf == pytest.approx(9.0 * nb / top)        # past the largest floor: at its rate
     assert f"| {bf:.1f} |" in line and "| 12.0 (1.50×) |" in line
     text = peer_table.render(rec)
-    assert "ggml-org/ggml abc" in text and text.count("†") >= 3
+    assert "ggml-org/ggml abc" in text and text.count("†") >= 3 and text.count("‡") >= 3
+    assert "| 19.0 (" in moe                                   # the rotated MoE row: 2 x 6.0 + 7.0
 
 
 def test_marlin_bytes_and_quantisation():

@@ -2,13 +2,16 @@
 receipt.
 
     python -m lab.bench.ggml_peer cases > cases.txt          # the bench's shapes as test-backend-ops cases
-    python -m lab.bench.ggml_peer merge --receipt decode_h100.json --ggml ggml_h100.txt --source "<repo> <commit>"
+    python -m lab.bench.ggml_peer merge --receipt decode_h100.json --ggml ggml_h100.txt \
+        [--rotated ggml_rotated_h100.txt] --source "<repo> <commit>"
 
 ggml's source is not part of this repository; it is built outside it with its perf case list read from
 `cases.txt` (one case a line: `mm TYPE m k`, or `mmid TYPE n_mats n_used m k`; one token, ggml's m = our N,
 k = K). Its timer differs from the bench's: an eager stream running the op back to back over the SAME weights,
 so a shape whose weights fit in L2 (tens of MB) may be read partly from cache; activations are f32 in and out.
-Rows say so (`timer`), and the report marks them.
+Rows say so (`timer`), and the report marks them. `--rotated` adds a second timing of the same cases by a small
+harness over the built ggml library that times like the bench (weight copies rotated past 4x L2, ggml's CUDA
+graphs, median of 20 samples of >= 16 calls, host wall clock per sample): impls `llamacpp_<type>_rot[_moe]`.
 
 A MoE row is the sum of one token's routed expert matmuls (MUL_MAT_ID): gate and up (one fused [2I, H] launch
 where timed, else two [I, H] launches, as llama.cpp runs separate expert tensors) plus down [H, I]; the SwiGLU and the weighted combine (small
@@ -27,7 +30,10 @@ from int4lab.shapes import MODELS, all_shapes, by_priority
 TYPES = ("q4_0", "q4_K")
 # bytes per block, weights per block (ggml's block_q4_0: fp16 scale + 16 B of nibbles; block_q4_K: 144 B / 256)
 BLOCK = {"q4_0": (18, 32), "q4_K": (144, 256)}
-TIMER = "ggml test-backend-ops perf: eager stream, the same weights re-read (no rotation; L2 may hold small shapes)"
+TIMERS = {"": "ggml test-backend-ops perf: eager stream, the same weights re-read (no rotation; L2 may hold small "
+              "shapes)",
+          "_rot": "harness over ggml: weight copies rotated past 4x L2, ggml CUDA graphs, median of 20 samples of "
+                  ">= 16 calls (host wall clock)"}
 _LINE = re.compile(r"^\s*(MUL_MAT(?:_ID)?)\((.*)\):\s+(?:(\d+) runs -\s+([\d.]+) us/run|(.*not supported.*))")
 _VAR = re.compile(r"(\w+)=(\[[^\]]*\]|[^,]*)")
 
@@ -71,6 +77,8 @@ def parse(text: str) -> tuple[list[dict], list[dict]]:
         if v.get("type_b", "f32") != "f32" or "type_a" not in v:
             continue
         entry = {"op": hit[1], "type": v["type_a"], "N": int(v["m"]), "K": int(v["k"]), "n": int(v["n"])}
+        if "copies" in v:
+            entry["copies"] = int(v["copies"])
         if hit[1] == "MUL_MAT_ID":
             entry.update(n_mats=int(v["n_mats"]), n_used=int(v["n_used"]))
         if hit[5]:
@@ -93,10 +101,13 @@ def _floor_of(rec, **where) -> dict:
     return {}
 
 
-def rows(timed, rec, source: str) -> list[dict]:
-    """Receipt rows for the timings: one per (bench GEMV shape, type) and per (model, type) one-token MoE layer."""
+def rows(timed, rec, source: str, way: str = "") -> list[dict]:
+    """Receipt rows for the timings: one per (bench GEMV shape, type) and per (model, type) one-token MoE layer;
+    `way` "" (test-backend-ops) or "_rot" (the rotating harness) names the timer."""
+    if way not in TIMERS:
+        raise ValueError(f"way must be one of {tuple(TIMERS)}, got {way!r}")
     out = []
-    base = {"timer": TIMER, "source": source}
+    base = {"timer": TIMERS[way], "source": source}
     shapes = []
     for r in rec["rows"]:
         if r["layer"] != "moe" and (r["model"], r["layer"], r["N"], r["K"]) not in shapes:
@@ -108,7 +119,7 @@ def rows(timed, rec, source: str) -> list[dict]:
                 continue
             nbytes = weight_bytes(t, N, K) + 4 * (N + K)           # f32 activation in, f32 out
             out.append({"model": model, "layer": layer, "N": N, "K": K, "E": 1, "topk": 1, "rows": 1,
-                        "impl": f"llamacpp_{t}", "us": us, "GBps": nbytes / (us * 1e3), "bytes": nbytes,
+                        "impl": f"llamacpp_{t}{way}", "us": us, "GBps": nbytes / (us * 1e3), "bytes": nbytes,
                         **_floor_of(rec, model=model, layer=layer, N=N, K=K), **base})
         for name, m in MODELS.items():
             H, I, E, A = m.hidden, m.intermediate, m.n_experts, m.top_k
@@ -120,23 +131,28 @@ def rows(timed, rec, source: str) -> list[dict]:
             us = gate_up + down
             nbytes = A * (weight_bytes(t, 2 * I, H) + weight_bytes(t, H, I)) + 4 * 2 * H
             out.append({"model": name, "layer": "moe", "N": I, "K": H, "E": E, "topk": A, "rows": 1,
-                        "impl": f"llamacpp_{t}_moe", "us": us, "GBps": nbytes / (us * 1e3), "bytes": nbytes,
+                        "impl": f"llamacpp_{t}{way}_moe", "us": us, "GBps": nbytes / (us * 1e3), "bytes": nbytes,
                         "n_active": A, "parts_us": {"gate_up": gate_up, "down": down},
                         **_floor_of(rec, model=name, layer="moe", rows=1), **base})
     return out
 
 
-def merge(receipt: Path, ggml_out: Path, source: str) -> dict:
-    """Replace the receipt's llama.cpp rows with those parsed from `ggml_out`; record the source and the
-    unsupported cases under "llamacpp". Written atomically; the receipt's provenance is kept as it was."""
+def merge(receipt: Path, ggml_out: Path, source: str, rotated: Path | None = None) -> dict:
+    """Replace the receipt's llama.cpp rows with those parsed from `ggml_out` (test-backend-ops) and `rotated`
+    (the harness, optional); record the source, timers and unsupported cases under "llamacpp". Written
+    atomically; the receipt's provenance is kept as it was."""
     from int4lab.files import write_text_atomic
     from lab.bench.schema import LLAMACPP_IMPLS, validate_receipt
     rec = json.loads(Path(receipt).read_text())
-    timed, unsupported = parse(Path(ggml_out).read_text())
-    new = rows(timed, rec, Path(ggml_out).name)
-    rec["rows"] = [r for r in rec["rows"] if r["impl"] not in LLAMACPP_IMPLS] + new
-    rec["llamacpp"] = {"source": source, "timer": TIMER, "file": Path(ggml_out).name, "timed": len(timed),
-                       "unsupported": unsupported}
+    rec["rows"] = [r for r in rec["rows"] if r["impl"] not in LLAMACPP_IMPLS]
+    rec["llamacpp"] = {"source": source, "files": {}}
+    for way, path in (("", ggml_out), ("_rot", rotated)):
+        if path is None:
+            continue
+        timed, unsupported = parse(Path(path).read_text())
+        rec["rows"] += rows(timed, rec, Path(path).name, way)
+        rec["llamacpp"]["files"][Path(path).name] = {"timer": TIMERS[way], "timed": len(timed),
+                                                     "unsupported": unsupported}
     validate_receipt(rec)
     write_text_atomic(receipt, json.dumps(rec, indent=1) + "\n")
     return rec
@@ -149,19 +165,21 @@ def main(argv=None) -> int:
     sub.add_parser("cases", help="print the test-backend-ops case lines of the bench's shapes")
     mg = sub.add_parser("merge", help="merge test-backend-ops perf output into a decode receipt")
     mg.add_argument("--receipt", type=Path, required=True)
-    mg.add_argument("--ggml", type=Path, required=True)
+    mg.add_argument("--ggml", type=Path, required=True, help="test-backend-ops perf output")
+    mg.add_argument("--rotated", type=Path, help="the rotating harness's output (optional)")
     mg.add_argument("--source", required=True, help="the ggml source measured: repository and commit")
     args = ap.parse_args(argv)
     if args.cmd == "cases":
         print("\n".join(cases()))
         return 0
-    for p in (args.receipt, args.ggml):
+    for p in (args.receipt, args.ggml) + ((args.rotated,) if args.rotated else ()):
         if not p.is_file():
             print(f"error: {p} is not a file", file=sys.stderr)
             return 2
-    rec = merge(args.receipt, args.ggml, args.source)
+    rec = merge(args.receipt, args.ggml, args.source, args.rotated)
     n = sum(r["impl"].startswith("llamacpp") for r in rec["rows"])
-    print(f"merged {n} llama.cpp rows into {args.receipt} ({len(rec['llamacpp']['unsupported'])} unsupported)")
+    bad = sum(len(f["unsupported"]) for f in rec["llamacpp"]["files"].values())
+    print(f"merged {n} llama.cpp rows into {args.receipt} ({bad} unsupported cases)")
     return 0
 
 

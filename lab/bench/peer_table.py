@@ -20,13 +20,20 @@ from lab.bench.schema import OURS_MOE
 GEMV_COLUMNS = (("int4_b32", "int4_b32 (ours)"), ("marlin", "Marlin W4A16 g128"),
                 ("llamacpp_q4_0", "llama.cpp CUDA Q4_0 (test-backend-ops, eager)†"),
                 ("llamacpp_q4_K", "llama.cpp CUDA Q4_K (test-backend-ops, eager)†"),
+                ("llamacpp_q4_0_rot", "llama.cpp CUDA Q4_0 (rotated, CUDA graph)‡"),
+                ("llamacpp_q4_K_rot", "llama.cpp CUDA Q4_K (rotated, CUDA graph)‡"),
                 ("tinygemm", "tinygemm int4 g32"), ("gemlite", "GemLite A16W4 g32"),
                 ("w4a16_cutlass", "w4a16_cutlass (ours, per-channel)"), ("bf16", "bf16 cuBLAS"))
 MOE_COLUMNS = (("llamacpp_q4_0_moe", "llama.cpp CUDA Q4_0 (test-backend-ops, eager)†"),
                ("llamacpp_q4_K_moe", "llama.cpp CUDA Q4_K (test-backend-ops, eager)†"),
+               ("llamacpp_q4_0_rot_moe", "llama.cpp CUDA Q4_0 (rotated, CUDA graph)‡"),
+               ("llamacpp_q4_K_rot_moe", "llama.cpp CUDA Q4_K (rotated, CUDA graph)‡"),
                ("bf16_loop", "bf16 loop"), ("grouped_mm", "grouped_mm (bf16)"))
-DAGGER = ("† its own timer: an eager stream over the same weights, no rotation, so a shape whose weights fit in "
-          "L2 may be read partly from cache; activations f32; MoE: gate, up and down MUL_MAT_ID only.")
+DAGGER = ("† ggml's own timer (test-backend-ops perf): an eager stream over the same weights, no rotation, so a "
+          "shape whose weights fit in L2 may be read partly from cache. ‡ ggml's library timed like the bench: weight "
+          "copies rotated past 4× L2, ggml's CUDA graphs, median of 20 samples of ≥ 16 calls by host wall clock. "
+          "Both: activations f32 (quantised to int8 blocks inside each call, as llama.cpp does); MoE: gate, up and "
+          "down MUL_MAT_ID only (no SwiGLU or combine).")
 
 
 def floor_curve(rec) -> list[tuple[int, float]]:

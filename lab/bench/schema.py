@@ -21,9 +21,11 @@ GEMV_IMPLS = ("int4_b32", "w4a16_cutlass", "bf16", "tinygemm", "gemlite", "marli
 MOE_IMPLS = ("int4_b32_moe", "bf16_loop", "grouped_mm", "int4_b32_grouped")
 OURS_MOE = ("int4_b32_moe", "int4_b32_grouped")
 IMPLS = GEMV_IMPLS + MOE_IMPLS
-# Rows merged in from llama.cpp's own timer (ggml test-backend-ops perf: eager stream, the same weights re-read),
-# never scheduled by the bench (lab/bench/ggml_peer.py): dense MUL_MAT, and a one-token MoE layer's MUL_MAT_IDs.
-LLAMACPP_IMPLS = ("llamacpp_q4_0", "llamacpp_q4_K", "llamacpp_q4_0_moe", "llamacpp_q4_K_moe")
+# Rows merged in from llama.cpp's CUDA backend, never scheduled by the bench (lab/bench/ggml_peer.py): dense
+# MUL_MAT, and ("_moe") a one-token MoE layer's MUL_MAT_IDs; timed by ggml's test-backend-ops perf (eager stream,
+# the same weights re-read) or ("_rot") by a harness over ggml with the bench's method (rotated copies, CUDA graphs).
+LLAMACPP_IMPLS = tuple(f"llamacpp_{t}{way}{moe}" for t in ("q4_0", "q4_K") for way in ("", "_rot")
+                       for moe in ("", "_moe"))
 ROW_IMPLS = IMPLS + LLAMACPP_IMPLS
 
 ROW_KEYS = ("model", "layer", "N", "K", "E", "topk", "rows", "impl", "us", "GBps")
