@@ -140,7 +140,7 @@ ARCHS = ("mixtral", "olmoe", "qwen3_moe")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_fused_attention_keeps_the_logits_and_the_cache(device, arch):
+def test_fused_attention_keeps_the_logits_and_the_cache(device, arch, monkeypatch):
     """fuse_decode with the attention launch against fuse_decode without it: a prefill (the model's own forward)
     then decode steps over a StaticCache with the step's boolean mask; the first layer's cache is bit-identical
     (its inputs are), the logits within the bf16 roundings of attention's output."""
@@ -150,6 +150,10 @@ def test_fused_attention_keeps_the_logits_and_the_cache(device, arch):
     base = Q.fuse_decode(copy.deepcopy(m), attention=False)
     f = Q.fuse_decode(copy.deepcopy(m))
     assert f.int4_fused["attention"] == 2 and isinstance(f.model.layers[0].self_attn, Q.FusedAttention)
+    from int4lab.kernels import ops
+    calls = []
+    launch_one = ops.decode_attention
+    monkeypatch.setattr(ops, "decode_attention", lambda *a: calls.append(1) or launch_one(*a))
     B, C, P = 2, 12, 3
     ids = torch.randint(0, 256, (B, P), device=device)
     steps = torch.randint(0, 256, (2, B, 1), device=device)
@@ -167,6 +171,7 @@ def test_fused_attention_keeps_the_logits_and_the_cache(device, arch):
                 logits.append(out.logits[:, -1].float())
         runs.append((logits, cache))
     (la, ca), (lb, cb) = runs
+    assert len(calls) == 2 * 2                                              # 2 layers x 2 steps took the launch
     for a, b in zip(la, lb):
         assert (a - b).abs().max() <= 4 * 2 ** -8 * a.abs().max()
     assert torch.equal(ca.layers[0].keys, cb.layers[0].keys) and torch.equal(ca.layers[0].values, cb.layers[0].values)

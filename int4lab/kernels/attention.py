@@ -33,7 +33,7 @@ from .attention_kernel import NORM_HEAD, NORM_NONE, NORM_ROW, decode_attention_k
 
 NORMS = {"none": NORM_NONE.value, "head": NORM_HEAD.value, "row": NORM_ROW.value}
 BLOCK_N = 64                    # cache slots per loop step
-SPLIT_MIN = 256                 # slots a split reads at least
+SPLIT_MIN = 128                 # slots a split reads at least (two loop steps: latency, not bytes, at decode)
 
 
 def _sms(dev) -> int:
