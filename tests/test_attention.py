@@ -198,3 +198,11 @@ def test_decode_attention_op_is_one_opaque_op(device):
     compiled = torch.compile(step, backend=recording)(q, k, v, k2, v2, l2)
     assert torch.equal(eager, compiled) and torch.equal(k1, k2) and torch.equal(v1, v2) and int(l2) == 6
     assert seen.count("int4lab.decode_attention.default") == 1
+
+
+def test_decode_attention_op_passes_opcheck(device):
+    from int4lab.kernels import ops
+    q, k, v, cos, sin, kc, vc, qn, kn = inputs(2, 4, 2, 16, 20, "head", device)
+    length = torch.tensor(7, device=device)
+    torch.library.opcheck(ops.decode_attention_op, (q, k, v, cos, sin, kc, vc, length, qn, kn, "head", 1e-6, 1e-6,
+                                                    0.25, None))
