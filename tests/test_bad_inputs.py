@@ -24,7 +24,7 @@ from int4lab.kernels import int4_linear, moe_decode_grouped, moe_decode_routed, 
 from int4lab.format import dequant_int4_ref
 from int4lab.quantize import load_quantized, quantize_model, read_metadata, save_quantized
 from int4lab.quantize.driver import dithered_pack
-from int4lab.receipts import write_receipt
+from lab.provenance import write_receipt
 
 from test_quantize import tiny_model
 

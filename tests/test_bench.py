@@ -772,7 +772,7 @@ def test_results_block_from_committed_receipts():
 
 
 def test_receipt_commands_carry_no_machine_paths():
-    from int4lab.receipts import portable_command
+    from lab.provenance import portable_command
     cmd = "python -m lab.bench --out /some/machine/dir/decode_h200.json --quick"
     assert portable_command(cmd) == "python -m lab.bench --out …/decode_h200.json --quick"
     assert portable_command("python -m lab.bench --out r.json") == "python -m lab.bench --out r.json"

@@ -10,7 +10,7 @@ import torch
 from int4lab.corpus import load_split
 from int4lab.models import ARCHS, TOKENIZER_DIR, expert_shapes, load_tiny, load_tokenizer, model_dir, tiny_config
 from lab import train as tr
-from int4lab.paths import RECEIPTS
+from lab.paths import RECEIPTS
 
 # "Far below the unigram baseline": a model that only knew token frequencies would score the unigram
 # perplexity; we ask for a fifth of it or less, which needs real use of context.

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import int4lab as il
-from int4lab.receipts import SOURCES, STALE, source_files, sources_hash
+from lab.provenance import SOURCES, STALE, source_files, sources_hash
 
 # The receipts the README, RESULTS.md and the chapters read, by kind: each must match the tree's sources.
 CURRENT = {"gate": "gate_*.json", "llamacpp": "llamacpp_*.json", "realscale": "realscale_h*.json",

@@ -8,7 +8,7 @@ peers is `python -m lab.bench`. Timing is the bench's (`lab.bench.timing`): one 
 `copies` calls, each on its own copy of the weights, copies x bytes > 4 x L2, median of 30 replays. Every
 variant is passed to the launchers as an explicit `plan=` (no environment variable). Weights are random
 bytes and random fp16 scales: the kernels' speed does not depend on the values. Shapes come from
-`int4lab.shapes`.
+`lab.bench.shapes`.
 
 Shape legend: E = experts, N = out features, K = in features, A = experts per token, H = hidden, I = one
 expert's intermediate width.
@@ -30,8 +30,8 @@ from lab.bench.traffic import gemv_bytes
 from int4lab.kernels.gemv import int4_linear
 from int4lab.kernels.moe import moe_decode_grouped, moe_decode_routed
 from int4lab.kernels.plan import MAX_SPLIT_K, GemvPlan, GroupedPlan, gemv_plan, grouped_plan, num_sms
-from int4lab.receipts import portable_command, write_receipt
-from int4lab.shapes import MODELS, all_shapes, by_priority
+from lab.provenance import portable_command, write_receipt
+from lab.bench.shapes import MODELS, all_shapes, by_priority
 
 REPLAYS = 30
 COMMAND = "python -m lab.tune.sweep"
