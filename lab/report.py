@@ -544,7 +544,9 @@ def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
         "**MoE layer (gate_up, SwiGLU, down, weighted combine), µs**\n\n" + moe_table(rec, anchors),
         f"**Targets: {n_pass} of {len(checks)} met, {n_open} undecided, {n_none} not measured**"
         + (f" (undecided: met or missed by less than {100 * spread:.1f} %, the 90th percentile of how far the same "
-           "torch kernels' medians moved between two bench runs, `report.run_to_run`)" if spread else "")
+           "torch kernels' medians moved between two bench runs, `report.run_to_run`)" if spread else
+           " (one bench run: without an earlier full run on this card, `decode_<card>_<commit>.json`, the run-to-run "
+           "spread is unmeasured and no target is marked undecided)")
         + (f". {n_settled} targets within that spread were re-measured in paired rounds "
            "(`python -m lab.bench.decide`, `data/receipts/decide_h200_*.json`, one file per run, the same kernel "
            "sources): each such row gives the ratio's median and the hull of every process's and run's 95 % "
