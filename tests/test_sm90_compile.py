@@ -15,6 +15,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from int4lab.kernels.norm import rms_norm_kernel
 from int4lab.kernels.router import router_topk_kernel
+from lab.paths import ROOT
 
 def comp(fn, sig, cst):
     sig = dict(sig, **{k: "constexpr" for k in cst})
@@ -33,7 +34,7 @@ for out in (0, 1, 2):                      # float32, bfloat16, float16 outputs
 
 
 def test_norm_and_router_kernels_compile_for_sm90():
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(il.ROOT)}
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["compiled", "0", "compiled", "1", "compiled", "2"]
