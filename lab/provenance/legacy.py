@@ -51,7 +51,8 @@ def main(argv=None) -> int:
         body = json.loads(path.read_text())
         body["provenance"]["sources"] = rehash(body["provenance"])
         write_text_atomic(path, json.dumps(body, indent=1) + "\n")
-        print(f"{path.name}: {body['provenance']['sources']['sha256'][:12]} ({len(body['provenance']['sources']['files'])} files)")
+        src = body["provenance"]["sources"]
+        print(f"{path.name}: {src['sha256'][:12]} ({len(src['files'])} files)")
     return 0
 
 
