@@ -360,7 +360,7 @@ def test_default_outputs_go_to_runs_never_data_receipts(tmp_path, monkeypatch, c
     data/receipts/ only when --out names it."""
     from lab import llamacpp, realscale
     from lab.bench import cli as bench_cli
-    from int4lab import paths
+    from lab import paths
     assert bench_cli.DEFAULT_RUN_OUT.parent == paths.RUNS and gate.receipt_path("olmoe").parent == paths.RUNS
     assert "/runs/" in (paths.ROOT / ".gitignore").read_text().splitlines()
     runs = tmp_path / "runs"

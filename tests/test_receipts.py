@@ -171,3 +171,21 @@ def test_written_receipt_is_current_and_names_its_commit(tmp_path):
     assert r["x"] == 1 and p["command"] == "python -m lab.bench --quick" and p["commit"]
     assert p["sources"]["method"] == METHOD and "lab/provenance/receipt.py" in p["sources"]["files"]
     assert is_current(r)
+
+
+def test_gate_result_is_the_library_s_and_lab_gate_stamps_it(tmp_path, monkeypatch):
+    """`python -m int4lab.gate` writes device, versions, date and command, nothing of commits or receipts;
+    `python -m lab.gate` writes the same run stamped with the commit and the code it imported."""
+    from int4lab.gate import cli as gate_cli
+    from lab import gate as lab_gate
+    monkeypatch.setattr(gate_cli, "run_gate", lambda *a, **k: {"model": "olmoe"})
+    monkeypatch.setattr(gate_cli, "format_table", lambda p: "table")
+    assert gate_cli.main(["--model", "olmoe", "--out", str(tmp_path / "a.json")]) == 0
+    lib = read_receipt(tmp_path / "a.json")["provenance"]
+    assert {"device", "torch", "python", "date", "command"} <= set(lib) and not {"commit", "sources"} & set(lib)
+    assert lib["command"].startswith("python -m int4lab.gate --model olmoe")
+    assert lab_gate.main(["--model", "olmoe", "--out", str(tmp_path / "b.json")]) == 0
+    pub = read_receipt(tmp_path / "b.json")
+    assert pub["model"] == "olmoe" and pub["provenance"]["command"].startswith("python -m lab.gate --model olmoe")
+    assert "int4lab/gate/cli.py" in pub["provenance"]["sources"]["files"] and pub["provenance"]["commit"]
+    assert is_current(pub)
