@@ -13,6 +13,8 @@ LAYOUT = (
     ("int4lab/models/", "the small models' configurations, checkpoint and tokenizer loaders"),
     ("lab/", "tools run from the repository root: report, real-width run, training, llama.cpp judge, ..."),
     ("lab/bench/", "the timing harness: one CUDA-graph timer, the read floor, peers, paired rounds"),
+    ("lab/provenance/", "receipts: the commit and the hash of the code a measurement imported"),
+    ("lab/report/", "the pages' generated blocks and chapter 05's figures, from the receipts"),
     ("lab/tune/", "launch-plan sweeps, the compiler's resource report, graph-replay determinism"),
     ("lab/chapters/", "the chapters' experiments: format variants, calibration, GPTQ, accuracy"),
     ("notebooks/", "the chapters"),
