@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-import int4lab as il
+from lab.paths import ROOT
 
 SCRIPT = """
 import triton
@@ -15,7 +15,6 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from int4lab.kernels.norm import rms_norm_kernel
 from int4lab.kernels.router import router_topk_kernel
-from lab.paths import ROOT
 
 def comp(fn, sig, cst):
     sig = dict(sig, **{k: "constexpr" for k in cst})
