@@ -104,7 +104,7 @@ def test_fuse_decode_replaces_the_pieces_and_keeps_the_logits(device, arch):
     m = quantised(arch, device)
     f = Q.fuse_decode(copy.deepcopy(m))
     lay = f.model.layers[0]
-    assert f.int4_fused == {"qkv": 2, "router": 2, "norms": f.int4_fused["norms"], "left": []}
+    assert f.int4_fused == {"qkv": 2, "router": 2, "norms": f.int4_fused["norms"], "attention": 2, "left": []}
     assert f.int4_fused["norms"] == (5 if arch == "mixtral" else 9)        # 2 per layer (+ q/k norms) + the final
     assert isinstance(lay.mlp.gate, Q.FusedRouter) and isinstance(lay.input_layernorm, Q.FusedRMSNorm)
     assert lay.self_attn.q_proj.qkv is lay.self_attn.k_proj.qkv is lay.self_attn.qkv_proj

@@ -6,6 +6,7 @@ import re
 import sys
 from pathlib import Path
 
+from lab.bench import peer_table
 from lab.bench.schema import DEFAULT_OUT, OURS_MOE, validate_receipt
 from lab.bench.shapes import MODELS
 from lab.paths import RECEIPTS
@@ -207,8 +208,8 @@ def moe_tile(model: str, tokens: int, generation: str = "sm90"):
 
 def moe_table(rec, anchors=()) -> str:
     anchors = same_card(rec, anchors)
-    head = ["model", "tokens", "experts read", "read floor", "int4-b32 routed GEMV", "int4-b32 grouped",
-            "best int4 / floor", "bf16 loop", "grouped_mm (bf16)", "llama.cpp Q4_0 routed (recorded)"]
+    head = ["model", "tokens", "experts read", "read floor", "bf16 at its read floor", "int4-b32 routed GEMV",
+            "int4-b32 grouped", "best int4 / floor", "bf16 loop", "grouped_mm (bf16)", "llama.cpp Q4_0 routed (recorded)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for model, R in moe_keys(rec):
         w = {"model": model, "layer": "moe", "rows": R}
@@ -218,7 +219,8 @@ def moe_table(rec, anchors=()) -> str:
         n_active = next((r["n_active"] for r in mine if "n_active" in r), None)
         best, fl = best_ours_moe(rec, model, R), _floor(here)
         llama = llama_moe_us(anchors, MODELS[model]) if R == 1 and model in MODELS else None
-        cells = [model, str(R), "–" if n_active is None else str(n_active), _f(fl)]
+        cells = [model, str(R), "–" if n_active is None else str(n_active), _f(fl),
+                 _f(peer_table.bf16_floor_us(rec, model, R))]     # the bf16 peers' bytes at this run's floor curve
         cells += [_f(_us(rec, i, **w)) for i in OURS_MOE] + [_f(_ratio(best, fl), 2)]
         cells += [_vs(_us(rec, i, **w), best) for i in MOE_PEERS] + [_vs(llama, best)]
         lines.append(_line(cells))

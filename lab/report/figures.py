@@ -7,7 +7,7 @@ from .decode import _floor, _row, gemv_shapes, moe_series
 
 # ---- figures (matplotlib imported only here) ------------------------------------------------------------
 GEMV_COLORS = {"int4_b32": "tab:red", "w4a16_cutlass": "tab:orange", "bf16": "tab:gray", "tinygemm": "tab:blue",
-               "gemlite": "tab:green"}
+               "gemlite": "tab:green", "marlin": "tab:cyan"}
 MOE_COLORS = {"int4_b32_moe": "tab:red", "int4_b32_grouped": "tab:purple", "bf16_loop": "tab:gray",
               "grouped_mm": "tab:brown"}
 
@@ -16,7 +16,8 @@ GEMV_LABELS = {"int4_b32": "int4_b32 (ours, W4A8, tuned plan)",
                "w4a16_cutlass": "w4a16_cutlass (ours, W4A16, untuned)",
                "bf16": "bf16 cuBLAS (16-bit weights)",
                "tinygemm": "tinygemm (torch, W4A16)",
-               "gemlite": "GemLite (W4A16)"}
+               "gemlite": "GemLite (W4A16)",
+               "marlin": "Marlin (W4A16 g128)"}
 
 
 def floor_fixed_share(rec) -> dict[int, float]:

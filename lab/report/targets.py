@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab.bench import peer_table
 from lab.bench.decide import decided
 from lab.bench.schema import DEFAULT_OUT
 from lab.bench.shapes import all_shapes
@@ -272,6 +273,7 @@ def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
            " **Partial run**: the harness stopped before its schedule was done."),
         "**Batch-1 GEMV, µs**\n\n" + gemv_table(rec, anchors),
         "**MoE layer (gate_up, SwiGLU, down, weighted combine), µs**\n\n" + moe_table(rec, anchors),
+        peer_table.render(rec),          # every implementation over its own read floor (lab/bench/peer_table.py)
         f"**Targets: {n_pass} of {len(checks)} met, {n_open} undecided, {n_none} not measured**"
         + (f" (undecided: met or missed by less than {100 * spread:.1f} %, the 90th percentile of how far the same "
            "torch kernels' medians moved between two bench runs, `report.run_to_run`)" if spread else
