@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from int4lab.paths import ROOT
+from lab.paths import ROOT
 
 GROUP = 128
 MAX_PAR = 16          # Marlin's default: the lock workspace holds n / 128 * MAX_PAR ints
