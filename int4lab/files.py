@@ -41,3 +41,42 @@ def write_text_atomic(path, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
     return Path(path)
+
+
+def check_out_path(path, *, flag: str = "--out", force: bool | None = None):
+    """Check, before any work starts, that a file can be written at `path`; returns it as a Path.
+
+    ValueError naming `flag` when `path` is a directory, or when its nearest existing ancestor is not a
+    writable directory (a missing parent is fine: the writer creates it; files are written beside their
+    final name and renamed, so the directory, not the file, must be writable). With force=False an existing
+    file is refused (FileExistsError: pass --force); force=None lets it be replaced.
+    """
+    from pathlib import Path
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} is a directory; name a file")
+    if p.exists() and force is False:
+        raise FileExistsError(f"{flag} {str(path)!r} exists; pass --force (force=True) to overwrite it")
+    _check_creatable(p.absolute().parent, path, flag)
+    return p
+
+
+def check_dir_path(path, *, flag: str = "--workdir"):
+    """Check, before any work starts, that `path` is a writable directory or can be created as one."""
+    from pathlib import Path
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} is a file, not a directory")
+    _check_creatable(p.absolute(), path, flag)
+    return p
+
+
+def _check_creatable(folder, path, flag) -> None:
+    """The nearest existing ancestor of `folder` (or itself) is a directory we may write into."""
+    anc = folder
+    while not anc.exists():
+        anc = anc.parent
+    if not anc.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} cannot be created: {str(anc)!r} is a file, not a directory")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {str(path)!r} cannot be written: directory {str(anc)!r} is not writable")

@@ -488,7 +488,7 @@ def main(argv=None) -> int:
     if not have_llama_cpp():
         print(f"llama_cpp is not importable: {INSTALL_HINT}")
         return 2
-    from int4lab._checks import check_out_path
+    from int4lab.files import check_out_path
     from lab.provenance import write_receipt
     out = args.out or RUNS / f"llamacpp_{Path(args.model).name}.json"
     try:

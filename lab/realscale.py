@@ -504,7 +504,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    from int4lab._checks import check_dir_path, check_out_path
+    from int4lab.files import check_dir_path, check_out_path
     from lab.paths import RUNS
     for arch in args.arch:
         if not 1 <= args.layers <= FULL_LAYERS[arch]:

@@ -1,7 +1,7 @@
 """`python -m int4lab.gate`: quantise, score every document of the test and ood texts, print one table,
 write the receipt: runs/gate_<model>.json (git-ignored) unless --out names a path, so a user's run never
 replaces a committed receipt in data/receipts/. Every setting and the output path are checked before any
-model loads (`settings.check_settings`, `_checks.check_out_path`)."""
+model loads (`settings.check_settings`, `files.check_out_path`)."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .._checks import check_out_path
+from ..files import check_out_path
 from ..locations import RUNS
 from ..quantize import ACTS, SCHEMES, TARGETS
 from .run import BATCH_TOKENS, DITHER, check_budget, plan_arms, run_gate

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
             print(f"{d['model']:8s} {d['layer']:22s} {d['N']:6d}x{d['K']:<6d} R={d['rows']:<3d}{active} "
                   f"{d['impl']:17s} {d['bytes']:>12d} B")
         return 0
-    from int4lab._checks import check_out_path
+    from int4lab.files import check_out_path
     from lab.provenance import portable_command, write_receipt
     try:
         check_out_path(args.out)                              # before anything is timed
