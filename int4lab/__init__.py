@@ -14,16 +14,36 @@ if "TRITON_INTERPRET" not in _os.environ:
     if not _torch.cuda.is_available():
         _os.environ["TRITON_INTERPRET"] = "1"
 
-from .format import (BLOCK, dequant_int4_ref, pack_codes, pack_int4_b32, quant_x_rows_ref,  # noqa: E402
-                     unpack_codes)
-from .cutlass_layout import weight_dequantize, weight_quantize  # noqa: E402  (Paddle / TRT-LLM int4 layout)
-from .clip import rtn_clip_pack_int4_b32  # noqa: E402
-from .gptq import HessianAccumulator, gptq_pack_int4_b32  # noqa: E402
-from .kernels import (build_group_tiles, gemm_int4_b32_grouped, gemv_int4_b32, int4_linear,  # noqa: E402
-                      moe_decode_grouped, moe_decode_step, quant_x_rows, reduce_partials)
-from .paths import DATA, FIGURES, RECEIPTS, ROOT, figure_path  # noqa: E402
-from .receipts import provenance, read_receipt, write_receipt  # noqa: E402
-from .quantize import Int4Experts, Int4Linear, load_quantized, quantize_model, save_quantized  # noqa: E402
-from . import models  # noqa: E402,F401  (il.models.load_tiny, il.models.load_tokenizer; texts: int4lab.corpus)
+import importlib as _importlib  # noqa: E402
 
+# Names resolved on first use (PEP 562): `import int4lab.kernels` loads the kernels and what they import, not the
+# quantiser, the gate or transformers, so a process imports (and a receipt's code hash covers) only what it uses.
+_EXPORTS = {
+    ".format": ("BLOCK", "dequant_int4_ref", "pack_codes", "pack_int4_b32", "quant_x_rows_ref", "unpack_codes"),
+    ".cutlass_layout": ("weight_dequantize", "weight_quantize"),          # the Paddle / TRT-LLM int4 layout
+    ".clip": ("rtn_clip_pack_int4_b32",),
+    ".gptq": ("HessianAccumulator", "gptq_pack_int4_b32"),
+    ".kernels": ("build_group_tiles", "gemm_int4_b32_grouped", "gemv_int4_b32", "int4_linear", "moe_decode_grouped",
+                 "moe_decode_step", "quant_x_rows", "reduce_partials"),
+    ".quantize": ("Int4Experts", "Int4Linear", "load_quantized", "quantize_model", "save_quantized"),
+}
+_HOME = {name: mod for mod, names in _EXPORTS.items() for name in names}
+_SUBMODULES = ("models", "kernels", "quantize", "gate", "format", "gptq", "clip", "q4_0", "cutlass_layout",
+               "cutlass_converter", "export", "corpus", "files", "archs")
+__all__ = sorted(_HOME) + list(_SUBMODULES)
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    if name in _HOME:
+        value = getattr(_importlib.import_module(_HOME[name], __name__), name)
+    elif name in _SUBMODULES:
+        value = _importlib.import_module("." + name, __name__)
+    else:
+        raise AttributeError(f"module 'int4lab' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -155,57 +155,6 @@ def check_out(name: str, out, shape, dtype, device) -> torch.Tensor:
     return out
 
 
-def check_out_path(path, *, flag: str = "--out", force: bool | None = None):
-    """Check, before any work starts, that a file can be written at `path`; returns it as a Path.
-
-    ValueError naming `flag` when `path` is not a regular file or a new path (a directory, a symlink, a device
-    node, a FIFO: `files.check_target`), or when its nearest existing ancestor is not a
-    writable directory (a missing parent is fine: the writer creates it; files are written beside their
-    final name and renamed, so the directory, not the file, must be writable). With force=False an existing
-    file is refused (FileExistsError: pass --force); force=None lets it be replaced.
-    """
-    from .files import check_target
-    p = check_target(path, flag)         # a regular file or a new path: no link, device, FIFO or directory
-    if p.exists() and force is False:
-        raise FileExistsError(f"{flag} {str(path)!r} exists; pass --force (force=True) to overwrite it")
-    _check_creatable(p.absolute().parent, path, flag)
-    return p
-
-
-def cli_out_ok(path, *, flag: str = "--out", force: bool | None = None) -> bool:
-    """`check_out_path` for a command line: False after printing its one-line refusal to stderr (the caller then
-    exits 2 before any work)."""
-    import sys
-    try:
-        check_out_path(path, flag=flag, force=force)
-        return True
-    except (ValueError, FileExistsError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return False
-
-
-def check_dir_path(path, *, flag: str = "--workdir"):
-    """Check, before any work starts, that `path` is a writable directory or can be created as one."""
-    from pathlib import Path
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        kind = "a file" if p.is_file() else "not a regular file"
-        raise ValueError(f"{flag} {str(path)!r} is {kind}, not a directory")
-    _check_creatable(p.absolute(), path, flag)
-    return p
-
-
-def _check_creatable(folder, path, flag) -> None:
-    """The nearest existing ancestor of `folder` (or itself) is a directory we may write into."""
-    anc = folder
-    while not anc.exists():
-        anc = anc.parent
-    if not anc.is_dir():
-        raise ValueError(f"{flag} {str(path)!r} cannot be created: {str(anc)!r} is a file, not a directory")
-    if not os.access(anc, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {str(path)!r} cannot be written: directory {str(anc)!r} is not writable")
-
-
 def check_rows_and_weight(x, weight, shape_rule: str) -> None:
     """x float [R, K] with a dense last dimension; weight (its type and rank checked by the caller) of x's
     dtype, contiguous, its last dimension K (shape_rule names the expected shape in the message, e.g.

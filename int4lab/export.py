@@ -273,7 +273,7 @@ def write_gguf(model, path, *, name: str | None = None, ftype: str = "f32", toke
     when complete: an error or an interrupt leaves no partial file under `path` (and the old one intact).
     """
     import gguf
-    from ._checks import check_out_path
+    from .files import check_out_path
     from .files import atomic_path
     if ftype not in FLOAT_TYPES:
         raise ValueError(f"ftype must be one of {FLOAT_TYPES}, got {ftype!r}")
@@ -371,7 +371,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     args = ap.parse_args(argv)
-    from ._checks import check_out_path
+    from .files import check_out_path
     from .gate.cli import model_name_and_context
     from .gate.settings import check_settings
     try:                                              # refused before the model is built

@@ -29,7 +29,7 @@ import torch
 from lab.chapters.calib import synthetic_activations
 from int4lab.format import pack_int4_b32
 from int4lab.gptq import HessianAccumulator, gptq_pack_int4_b32
-from int4lab.receipts import write_receipt
+from lab.provenance import write_receipt
 
 IMPLS = {
     "rtn": lambda w, H: pack_int4_b32(w),
@@ -96,8 +96,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None,
                     help="receipt path (default runs/gptq_pack_<device>.json; data/receipts/ only when named here)")
     args = ap.parse_args(argv)
-    from int4lab._checks import cli_out_ok
-    from int4lab.paths import RUNS
+    from int4lab.files import cli_out_ok
+    from lab.paths import RUNS
     out = args.out or RUNS / receipt_name(args.device)
     if not args.no_write and not cli_out_ok(out):            # before anything is timed
         return 2

@@ -212,8 +212,8 @@ def measure_depth(arch: str, layers: int, workdir, width: str, device: str, devi
 
 
 def write(path, payload: dict, command: str) -> None:
-    from int4lab.receipts import portable_command, write_receipt
-    write_receipt(Path(path), payload, command=portable_command(command), sources="realscale_gate")
+    from lab.provenance import portable_command, write_receipt
+    write_receipt(Path(path), payload, command=portable_command(command))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -256,7 +256,7 @@ def main(argv=None) -> int:
             print(f"error: --layers must be in [1, {FULL_LAYERS[arch]}] for {arch}, got {bad}", file=sys.stderr)
             return 2
     try:                                         # before anything is built: where the receipt and the scratch go
-        from int4lab._checks import check_dir_path, check_out_path
+        from int4lab.files import check_dir_path, check_out_path
         extra = shlex.split(args.gate_args)
         check_out_path(args.out)
         check_dir_path(args.workdir, flag="--workdir")

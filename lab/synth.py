@@ -138,7 +138,7 @@ def write_checkpoint(arch: str, layers: int, out, width: str = "real", seed: int
     _check(arch, layers, width)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-    from int4lab._checks import check_dir_path
+    from int4lab.files import check_dir_path
     out = check_dir_path(out, flag="out")            # a directory or a new path, writable, before anything is built
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"out {str(out)!r} exists and is not empty: choose a fresh directory")

@@ -43,8 +43,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from int4lab.paths import RUNS
-from int4lab.receipts import write_receipt
+from lab.paths import RUNS
+from lab.provenance import write_receipt
 from int4lab.models.checkpoints import load_tiny, model_dir
 from int4lab.models.configs import ARCHS, check_arch, expert_shapes, tiny_config
 from int4lab.models.tokenizer import TOKENIZER_DIR, load_tokenizer
@@ -92,7 +92,7 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
 
 def _shown(path: Path) -> str:
     """A path relative to the repository root when it is inside it (receipts stay portable)."""
-    from int4lab.paths import ROOT
+    from lab.paths import ROOT
     path = Path(path).resolve()
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
@@ -185,6 +185,7 @@ def train_one(arch: str, texts: dict, args, command: str) -> dict:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix=f".{arch}.", suffix=".partial", dir=out_dir.parent))
     try:
+        model.config.trained_context = args.seq_len   # the gate's longest window (int4lab.gate.trained_context)
         model.to(torch.bfloat16).save_pretrained(fresh)
         _replace_dir(fresh, out_dir)
     finally:
@@ -269,7 +270,7 @@ def _replace_dir(fresh: Path, target: Path) -> None:
 def check_outputs(args, archs) -> None:
     """Before any training: every receipt path and checkpoint directory this run writes is acceptable, and the
     tokenizer is there (ValueError / FileNotFoundError naming the flag)."""
-    from int4lab._checks import check_dir_path, check_out_path
+    from int4lab.files import check_dir_path, check_out_path
     check_dir_path(args.receipts, flag="--receipts")
     check_dir_path(args.out, flag="--out")
     for arch in archs:

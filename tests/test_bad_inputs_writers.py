@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from int4lab import export, gate
-from int4lab._checks import check_out_path
+from int4lab.files import check_out_path
 from int4lab.files import atomic_path, write_text_atomic
 from int4lab.gate import cli as gate_cli
 from int4lab.quantize import quantize_model, save_quantized
-from int4lab.receipts import write_receipt
+from lab.provenance import write_receipt
 
 from test_quantize import tiny_model
 
@@ -240,7 +240,7 @@ def test_cli_refuses_an_unusable_output_before_any_work(main, argv, match, tmp_p
 def test_train_writes_under_runs_unless_told(monkeypatch, tmp_path):
     """The defaults are runs/models and runs/ (never data/models, data/receipts), and a checkpoint directory is
     replaced only once the new one is saved: a failed save leaves the old one whole."""
-    from int4lab.paths import RUNS
+    from lab.paths import RUNS
     from lab import train
     seen = {}
     monkeypatch.setattr(train, "train_one", lambda arch, texts, args, cmd: seen.update(vars(args)))
@@ -375,34 +375,36 @@ def test_report_writes_every_page_or_none(tmp_path, capsys):
 
 @pytest.mark.parametrize("damage,match", [
     (lambda t: t[:len(t) // 2], r"not valid JSON \(truncated or corrupt\?\)"),
-    (lambda t: json.dumps({**json.loads(t), "eval": {}}), r"not a usable receipt \(missing or malformed field: "
-                                                          r"KeyError 'validation'\)"),
+    (lambda t: json.dumps({k: v for k, v in json.loads(t).items() if k != "rows"}),
+     r"not a usable receipt \(missing or malformed field: KeyError 'rows'\)"),
     (lambda t: "[1, 2]", r"not a receipt \(a JSON list"),
-])
+], ids=["truncated", "missing_field", "not_an_object"])
 def test_report_names_a_bad_receipt(tmp_path, capsys, damage, match):
     """A truncated or malformed receipt among the tabulated ones: exit 2, one line naming the file, no page written."""
     from lab import report
-    from int4lab.paths import RECEIPTS
+    from lab.report import cli
     from test_bench import _synthetic_receipt
     rec = _synthetic_receipt(tmp_path)
     path = tmp_path / "decode_synthetic.json"
     path.write_text(json.dumps(rec))
+    from lab.paths import RECEIPTS
     receipts = tmp_path / "receipts"
     receipts.mkdir()
-    for p in RECEIPTS.glob("*.json"):
+    for p in RECEIPTS.glob("gate_*.json"):                # the tables before the damaged one are whole
         (receipts / p.name).write_text(p.read_text())
-    bad = receipts / "train_mixtral.json"
-    bad.write_text(damage(bad.read_text()))
+    bad = receipts / "gptq_pack_cpu.json"
+    good = {"provenance": {"device": "cpu"}, "rows": [{"N": 32, "K": 64, "impl": "rtn", "seconds": 0.1}]}
+    bad.write_text(damage(json.dumps(good)))
     with pytest.raises(ValueError, match=rf"{bad}: " + match):
-        report.train_table(receipts)
+        report.pack_table(receipts)
     results, _, _ = _pages(tmp_path)
     old = results.read_text()
-    real = report.render_results
-    report.render_results = lambda receipts=receipts: real(receipts)
+    real = cli.render_results
+    cli.render_results = lambda receipts=receipts: real(receipts)
     try:
         assert report.main(["--receipt", str(path), "--results", str(results), "--anchors", str(tmp_path / "x")]) == 2
     finally:
-        report.render_results = real
+        cli.render_results = real
     err = capsys.readouterr().err
     assert str(bad) in err and "Traceback" not in err and results.read_text() == old
 
@@ -417,7 +419,7 @@ def test_report_names_a_truncated_decode_receipt(tmp_path, capsys):
 
 def test_the_report_marks_a_partial_realscale_gate_receipt(tmp_path):
     from lab import report
-    from int4lab.paths import RECEIPTS
+    from lab.paths import RECEIPTS
     src = sorted(RECEIPTS.glob("realscale_gate_*.json"))
     if not src:
         pytest.skip("no realscale_gate receipt in data/receipts")

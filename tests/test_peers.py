@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from int4lab import shapes
+from lab.bench import shapes
 from lab import bench, report
 from lab.bench import ggml_peer, marlin_peer, peer_table
 from lab.bench.schema import validate_receipt

@@ -25,7 +25,7 @@ def check_tasks(tasks) -> None:
     import os
     import re
 
-    from ..paths import DATA
+    from ..locations import DATA
     for t in tasks:
         if not isinstance(t, str):
             raise TypeError(f"--tasks: tasks must be lm-eval task names (str), got {t!r}")
@@ -55,7 +55,7 @@ def _doc_logliks(model, tok, task: str, limit, max_length: int, batch_size: int 
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    from ..paths import DATA
+    from ..locations import DATA
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     dev = str(model.get_input_embeddings().weight.device)
     lm = HFLM(pretrained=model, tokenizer=tok, batch_size=batch_size, device=dev, max_length=max_length)

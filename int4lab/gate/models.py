@@ -46,7 +46,7 @@ def check_max_memory(max_memory, device_map) -> None:
         raise ValueError("max_memory needs device_map (e.g. --device-map auto): it bounds accelerate's placement")
 
 
-def load_config(path):
+def load_config(path, files: bool = False):
     """The transformers config of a checkpoint directory; ValueError naming --model when config.json is
     missing, not JSON, or of an architecture int4lab cannot quantise."""
     from transformers import AutoConfig
@@ -64,7 +64,8 @@ def load_config(path):
         raise ValueError(f"--model {str(path)!r}: config.json is not a usable transformers config ({e})") from None
     if cfg.model_type not in LAYOUT:
         raise ValueError(f"unsupported architecture {cfg.model_type!r} in {path}: int4lab handles {tuple(LAYOUT)}")
-    _check_files(path)
+    if files:                                  # a checkpoint directory: its weights and tokenizer too
+        _check_files(path)
     return cfg
 
 
@@ -117,7 +118,7 @@ def load_model(model: str, dtype=torch.float32, device: str = "cpu", device_map:
                                 f"checkpoint directory")
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    load_config(path)
+    load_config(path, files=True)
     kw = {"device_map": device_map} if device_map else {}
     if max_memory:
         kw["max_memory"] = max_memory

@@ -25,7 +25,7 @@ import re
 import sys
 from pathlib import Path
 
-from int4lab.shapes import MODELS, all_shapes, by_priority
+from .shapes import MODELS, all_shapes, by_priority
 
 TYPES = ("q4_0", "q4_K")
 # bytes per block, weights per block (ggml's block_q4_0: fp16 scale + 16 B of nibbles; block_q4_K: 144 B / 256)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+import subprocess
 import sys
 import types
 from functools import lru_cache
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from int4lab.paths import ROOT
+from lab.paths import ROOT
 
 GROUP = 128
 MAX_PAR = 16          # Marlin's default: the lock workspace holds n / 128 * MAX_PAR ints
@@ -42,11 +43,21 @@ def peers_dir() -> Path:
 
 @lru_cache(maxsize=1)
 def library():
-    """The built Marlin entry point (ctypes function), or MarlinMissing."""
+    """The built Marlin entry point (ctypes function), or MarlinMissing. Its first call runs in a separate process
+    (`selftest`): a kernel that faults (an illegal instruction is sticky) must not take the bench's CUDA context."""
     path = os.environ.get("INT4LAB_MARLIN_LIB", "")
     if not path or not Path(path).is_file():
         raise MarlinMissing(f"Marlin's shared library not found (INT4LAB_MARLIN_LIB={path!r}); it is built outside "
                             "the repository from Marlin's source")
+    r = subprocess.run([sys.executable, "-c", "from lab.bench.marlin_peer import selftest; selftest()"],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode:
+        tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-3:])
+        raise MarlinMissing(f"Marlin failed its first call in a separate process (rc {r.returncode}): {tail}")
+    return _entry(path)
+
+
+def _entry(path):
     fn = ctypes.CDLL(path).int4lab_marlin_mul
     p, i = ctypes.c_void_p, ctypes.c_int
     fn.argtypes = [p, p, p, p, i, i, i, p, i, i, p, i, i, i, i]
@@ -123,3 +134,22 @@ def mul_call(x16: torch.Tensor, B: torch.Tensor, s: torch.Tensor, N: int):
             raise RuntimeError(f"Marlin returned {err} on {N}x{K} (1: shape, 2: no kernel for it, else a CUDA error)")
         return y
     return call
+
+
+def selftest(N: int = 256, K: int = 1024) -> None:
+    """One Marlin call on random weights against the dequantised fp32 reference; exits non-zero on any error or a
+    relative error above 2**-6 (run by `library` in its own process)."""
+    torch.manual_seed(0)
+    W = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    B, s, wq = pack(W)
+    x16 = torch.randn(1, K, device="cuda").to(torch.float16)
+    fn = _entry(os.environ["INT4LAB_MARLIN_LIB"])
+    y = torch.empty(1, N, dtype=torch.float16, device="cuda")
+    ws = torch.zeros(N // 128 * MAX_PAR, dtype=torch.int32, device="cuda")
+    err = fn(x16.data_ptr(), B.data_ptr(), y.data_ptr(), s.data_ptr(), 1, N, K, ws.data_ptr(), GROUP, 0,
+             torch.cuda.current_stream().cuda_stream, -1, -1, -1, MAX_PAR)
+    torch.cuda.synchronize()
+    ref = x16.float() @ wq.t()
+    rel = float((y.float() - ref).norm() / ref.norm())
+    if err or not rel <= 2 ** -6:
+        raise SystemExit(f"Marlin self-test: return code {err}, relative error {rel:.3g}")

@@ -13,7 +13,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from int4lab.shapes import MoEModel
+from .shapes import MoEModel
 from lab.bench.traffic import expert_bytes
 
 

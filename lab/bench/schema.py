@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from int4lab.paths import RECEIPTS
+from lab.paths import RECEIPTS
 
 DEFAULT_OUT = RECEIPTS / "decode_h100.json"     # the current decode receipt (its card in the name)
 

@@ -15,7 +15,7 @@ counted: they are overhead, not necessity.
 """
 from __future__ import annotations
 
-from int4lab.shapes import MoEModel
+from .shapes import MoEModel
 from lab.bench.schema import GEMV_IMPLS, MOE_IMPLS, OURS_MOE
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from int4lab.paths import ROOT
-from int4lab.receipts import portable_command, write_receipt
+from lab.paths import ROOT
+from lab.provenance import portable_command, write_receipt
 from lab.synth import ARCHS, WIDTHS
 
 from . import bench
@@ -110,7 +110,7 @@ def _prior(path, flag) -> dict:
 
 
 def main(argv=None) -> int:
-    from int4lab._checks import check_out_path
+    from int4lab.files import check_out_path
     args = parser().parse_args(argv)
     out = Path(args.out) if args.out else ROOT / "runs" / f"decode_step_{card()}.json"
     src = Path(args.prior) if args.prior else out
@@ -134,8 +134,7 @@ def main(argv=None) -> int:
         this = {"command": command, "settings": {k: v for k, v in vars(args).items() if k not in ("out", "prior")},
                 "seconds": time.time() - t0, **state}
         write_receipt(out, {"kind": "decode_step", "card": card(), "transformers": transformers.__version__,
-                            **this, "calls": before.get("calls", []) + [this], "archs": archs}, command=command,
-                      sources="decode_step")
+                            **this, "calls": before.get("calls", []) + [this], "archs": archs}, command=command)
 
     def log(msg):
         print(f"[{time.time() - t0:6.1f} s] {msg}", flush=True)

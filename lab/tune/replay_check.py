@@ -24,10 +24,9 @@ from int4lab.kernels.norm import rms_norm
 from int4lab.kernels.router import router_topk
 from int4lab.kernels.plan import gemv_plan
 from int4lab.format import pack_int4_b32
-from int4lab._checks import cli_out_ok
-from int4lab.files import write_text_atomic
-from int4lab.receipts import provenance
-from int4lab.shapes import MODELS
+from int4lab.files import cli_out_ok, write_text_atomic
+from lab.provenance import provenance
+from lab.bench.shapes import MODELS
 
 DENSE = ((14336, 4096), (4096, 14336), (2048, 768), (512, 2048))
 SMALL = ((512, 2048), (256, 1024))
@@ -114,7 +113,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not cli_out_ok(args.out):                        # before anything runs
         return 2
-    rec = {"provenance": provenance(command="python -m lab.tune.replay_check", sources="kernels"), **run(args.replays, args.small)}
+    rec = {"provenance": provenance(command="python -m lab.tune.replay_check"), **run(args.replays, args.small)}
     write_text_atomic(args.out, json.dumps(rec, indent=1), "--out")
     for r in rec["rows"]:
         print(r)

@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise SystemExit("set TRITON_INTERPRET=0: this compiles for a GPU target instead of interpreting")
-    from int4lab._checks import cli_out_ok
+    from int4lab.files import cli_out_ok
     if args.out and not cli_out_ok(args.out):             # before anything compiles
         return 2
     rows = []

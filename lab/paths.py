@@ -1,4 +1,4 @@
-"""Where the repository keeps data, receipts and figures (resolved from the package, not the CWD)."""
+"""Where the repository keeps receipts, figures, chapters and user runs (resolved from the package, not the CWD)."""
 import os
 import tempfile
 from pathlib import Path

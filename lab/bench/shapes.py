@@ -1,5 +1,5 @@
-"""Model shapes as data: the published MoE configurations the bench and sweep time, and the three tiny
-trained models. The one table that the bench, the sweep, the report and `int4lab.models` read.
+"""The bench's shapes as data: the published MoE configurations the bench and the sweep time, and the decode
+GEMVs of their layers. The one table that the bench, the sweep and the report read.
 
 Shape legend: E = experts, N = out features, K = in features, H = hidden, I = one expert's intermediate
 width, D = head dim. A decode GEMV is y [1, N] = x [1, K] @ W[N, K].T; an expert is gate_up [2I, H]
@@ -40,14 +40,6 @@ MODELS = {
     "mixtral": MoEModel("mixtral", 4096, 14336, 8, 2, 32, 8, 128, "Mixtral-8x7B (MixtralConfig defaults)"),
     "olmoe": MoEModel("olmoe", 2048, 1024, 64, 8, 16, 16, 128, "OLMoE-1B-7B-0924 (config.json)"),
     "qwen3": MoEModel("qwen3", 2048, 768, 128, 8, 32, 4, 128, "Qwen3-30B-A3B (Qwen3MoeConfig + head_dim 128)"),
-}
-
-# The three tiny models trained in this repository (int4lab/models/configs.py builds their transformers
-# configs from these rows): H = 128, 4 heads of 32, the same expert width per token (2 x 256 = 8 x 64).
-TINY = {
-    "mixtral": MoEModel("mixtral", 128, 256, 8, 2, 4, 2, 32, "tiny Mixtral (this repository)"),
-    "olmoe": MoEModel("olmoe", 128, 64, 32, 8, 4, 4, 32, "tiny OLMoE (this repository)"),
-    "qwen3_moe": MoEModel("qwen3_moe", 128, 64, 32, 8, 4, 2, 32, "tiny Qwen3-MoE (this repository)"),
 }
 
 
