@@ -70,10 +70,12 @@ def noise_torch(n: int, seed: int, dither: float, offset: int = 0, device="cpu")
 
 @triton.jit
 def _noise_kernel(out_ptr, n, offset, key, golden, m1, m2, scale, BLOCK: tl.constexpr):
+    # every 64-bit constant arrives as an argument cast to uint64: a Python int's type depends on its value
+    # (below 2**63 it is int64), and the hash wants one wrapping unsigned arithmetic throughout
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    z = (i + offset).to(tl.uint64) * golden + key
-    z = (z ^ (z >> 30)) * m1
-    z = (z ^ (z >> 27)) * m2
+    z = (i + offset).to(tl.uint64) * golden.to(tl.uint64) + key.to(tl.uint64)
+    z = (z ^ (z >> 30)) * m1.to(tl.uint64)
+    z = (z ^ (z >> 27)) * m2.to(tl.uint64)
     z = z ^ (z >> 31)
     k = (z >> 40).to(tl.int32) - 8388608
     tl.store(out_ptr + i, k.to(tl.float32) * scale, mask=i < n)
