@@ -137,7 +137,7 @@ def predict_groups(card: float, src: float, arm: float, build_peak: float, score
                        f" = {k}" + (f"; groups = ceil({arms} / {k}) = {groups}" if k else "; does not fit")}
 
 
-def extrapolate_arch(arch: str, depths: dict, card: float | None, device_map) -> dict:
+def extrapolate_arch(arch: str, depths: dict, card: float | None, device_map, max_memory=None) -> dict:
     """Fits of every quantity over the measured depths, the full-depth ratios and targets."""
     full = FULL_LAYERS[arch]
     ok = {int(L): d for L, d in depths.items() if d.get("gate")}
@@ -177,6 +177,14 @@ def extrapolate_arch(arch: str, depths: dict, card: float | None, device_map) ->
                                              "met": (out["gate_over_forwards"]["value"] or math.inf) <= TARGET_RATIO}}
     if "memory" in out:
         out["targets"]["fits_one_card"] = {"met": out["memory"]["fits"], "card_bytes": card}
+    cap = gpu_cap(max_memory)
+    if device_map and cap and f.get("gpu_source_bytes") is not None:
+        out["device_map_cap"] = {
+            "gpu_cap_bytes": cap, "source_gpu_bytes_full_depth": f["gpu_source_bytes"],
+            "source_exceeds_cap": f["gpu_source_bytes"] > cap,
+            "note": "where the full-depth source exceeds the cap, accelerate keeps the layers past it on the host; "
+                    "a measured depth whose source fits the card has no offload in it, so the fit does not "
+                    "include the cost of offloaded layers (their host-to-device copies)"}
     return out
 
 
@@ -276,6 +284,15 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def gpu_cap(max_memory) -> int | None:
+    """Bytes --max-memory allows GPU 0 (None without a cap)."""
+    from accelerate.utils import convert_file_size_to_int
+
+    from int4lab.gate.models import parse_max_memory
+    size = (parse_max_memory(max_memory) or {}).get(0)
+    return convert_file_size_to_int(size) if size else None
+
+
 def check_args(args) -> list:
     """The depths to run per architecture, {arch: [layers]}; ValueError naming the flag and the rule."""
     from int4lab.gate.cli import parser as gate_parser
@@ -354,7 +371,7 @@ def main(argv=None) -> int:
             if args.full:
                 a["full"] = full_record(rec, earlier_fit(args.compare, arch))
             else:
-                a["extrapolation"] = extrapolate_arch(arch, a["depths"], card, args.device_map)
+                a["extrapolation"] = extrapolate_arch(arch, a["depths"], card, args.device_map, args.max_memory)
             write(args.out, payload, command)
             log(f"receipt written: {args.out}")
     return 1 if failed else 0

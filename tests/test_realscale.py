@@ -303,6 +303,7 @@ def test_realscale_gate_argument_checks():
             rg.check_args(_args(*argv))
     assert rg.main(["--arch", "olmoe", "--workdir", "w", "--out", "o"]) == 2
     assert rg.window_of("qwen3_moe", "real", []) == 40960 and rg.window_of("olmoe", "real", ["--window", "64"]) == 64
+    assert rg.gpu_cap(["0=70GiB", "cpu=100GiB"]) == 70 * 2 ** 30 and rg.gpu_cap(None) is None
 
 
 def _summary(layers, tokens=1000, docs=20):
