@@ -4,6 +4,7 @@
     modules.py     `Int4Linear`, `Int4Experts` (CPU reference decode or the Triton kernels)
     hessian.py     the one Hessian hook (GPTQ here, chapter 02 through `lab.chapters.calib`)
     driver.py      `quantize_model`: round-to-nearest, dithered round-to-nearest, sequential GPTQ
+    dither.py      the lottery's dither: counter-based noise on the weights' device, the same bytes everywhere
     fused.py       `fuse_decode`: one-launch RMSNorm and router, q/k/v as one GEMV (a runtime form)
     fused_attention.py  `FusedAttention`: a static-cache decode step's attention in one launch (fuse_decode's)
     checkpoint.py  `save_quantized` / `load_quantized` (versioned safetensors)
