@@ -21,8 +21,6 @@ from .clip import rtn_clip_pack_int4_b32  # noqa: E402
 from .gptq import HessianAccumulator, gptq_pack_int4_b32  # noqa: E402
 from .kernels import (build_group_tiles, gemm_int4_b32_grouped, gemv_int4_b32, int4_linear,  # noqa: E402
                       moe_decode_grouped, moe_decode_step, quant_x_rows, reduce_partials)
-from .paths import DATA, FIGURES, RECEIPTS, ROOT, figure_path  # noqa: E402
-from .receipts import provenance, read_receipt, write_receipt  # noqa: E402
 from .quantize import Int4Experts, Int4Linear, load_quantized, quantize_model, save_quantized  # noqa: E402
 from . import models  # noqa: E402,F401  (il.models.load_tiny, il.models.load_tokenizer; texts: int4lab.corpus)
 

@@ -29,7 +29,7 @@ import json
 import re
 from pathlib import Path
 
-from .paths import DATA
+from .locations import DATA
 
 CORPUS_DIR = DATA / "corpus"
 SPLITS = ("train", "validation", "test", "ood")

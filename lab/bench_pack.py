@@ -28,8 +28,8 @@ import torch
 from lab.chapters.calib import synthetic_activations
 from int4lab.format import pack_int4_b32
 from int4lab.gptq import HessianAccumulator, gptq_pack_int4_b32
-from int4lab.paths import RECEIPTS
-from int4lab.receipts import write_receipt
+from lab.paths import RECEIPTS
+from lab.provenance import write_receipt
 
 IMPLS = {
     "rtn": lambda w, H: pack_int4_b32(w),

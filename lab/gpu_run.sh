@@ -12,6 +12,10 @@
 #   step     the whole-model decode step, int4 (three forms) and bf16, eager, graphed, compiled (lab.decode_step)
 #   gate     the README's gate command on truncated-depth synthetic OLMoE checkpoints (lab.realscale_gate)
 #   prefill  many-row int4 scoring against bf16 (lab.prefill_bench)
+#   peers    the bench again with the peers built outside the repository: Marlin (a peer row) and llama.cpp's
+#            CUDA backend (ggml test-backend-ops perf, merged into the receipt); runs .peers/run.sh, which builds
+#            both from source carried in .peers/ (git-ignored), or skips when .peers/ is absent. Writes
+#            decode_<card>.json, ggml_<card>.txt, ggml_cases.txt and the build logs under peers/.
 # Writes under $OUT, every receipt named for the card (h100 / h200): cuda_tests_<card>.txt, replay_check.json,
 # sanitizer_<card>.txt, decode_<card>.json, decode_step_<card>.json, realscale_gate_olmoe_<card>.json,
 # prefill_<card>.json. Carried wheels in .whl/ (git-ignored) are installed first: transformers (the pinned
@@ -51,6 +55,14 @@ if [[ $STAGES == *bench* ]]; then
   stage "decode bench"
   timeout $(( ${BENCH_BUDGET_S:-250} + 80 )) python3 -m lab.bench --budget-s ${BENCH_BUDGET_S:-250} \
     --out "$OUT/decode_$card.json" | tail -4
+fi
+if [[ $STAGES == *peers* ]]; then
+  stage "peers (Marlin, llama.cpp) and the decode bench"
+  if [ -f .peers/run.sh ]; then
+    OUT="$OUT" CARD=$card timeout ${PEERS_S:-540} bash -x .peers/run.sh 2> "$OUT/peers_trace.txt"
+  else
+    echo "no .peers/ here: the peers stage needs the peers' source carried in .peers/ (skipped)"
+  fi
 fi
 if [[ $STAGES == *step* ]]; then
   stage "decode step"

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from int4lab.paths import RUNS
+from lab.paths import RUNS
 
 WINDOW = 256                      # the models' trained context (lab.train)
 BOOTSTRAP = 2000
@@ -489,7 +489,7 @@ def main(argv=None) -> int:
         print(f"llama_cpp is not importable: {INSTALL_HINT}")
         return 2
     from int4lab._checks import check_out_path
-    from int4lab.receipts import write_receipt
+    from lab.provenance import write_receipt
     out = args.out or RUNS / f"llamacpp_{Path(args.model).name}.json"
     try:
         check_out_path(out)                                  # before the judge runs, not after
@@ -499,8 +499,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads or os.cpu_count())
     payload = judge(args.model, tuple(args.scheme), args.targets, window=args.window,
                     windows=args.windows, threads=args.threads)
-    write_receipt(out, payload, command="python -m lab.llamacpp " + " ".join(sys.argv[1:] if argv is None else argv),
-                  sources="llamacpp")
+    write_receipt(out, payload, command="python -m lab.llamacpp " + " ".join(sys.argv[1:] if argv is None else argv))
     print(out)
     return 0
 

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from int4lab.paths import NOTEBOOKS, ROOT
+from lab.paths import NOTEBOOKS, ROOT
 
 
 class NotebookError(RuntimeError):

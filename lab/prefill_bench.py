@@ -253,11 +253,11 @@ def main(argv=None) -> int:
     if args.warmup < 0 or args.repeats < 1:
         print("error: --warmup must be >= 0 and --repeats >= 1", file=sys.stderr)
         return 2
-    from int4lab.receipts import portable_command, write_receipt
+    from lab.provenance import portable_command, write_receipt
     payload = run(args.arch, args.layers, args.width, args.act, args.targets, args.batches, args.warmup,
                   args.repeats, args.sweep, args.seed, args.device)
     command = "python -m lab.prefill_bench " + " ".join(argv if argv is not None else sys.argv[1:])
-    write_receipt(args.out, payload, command=portable_command(command), sources="prefill")
+    write_receipt(args.out, payload, command=portable_command(command))
     for r in payload["rows"]:
         print(f"{r['batch']}: prefill/bf16 {r['prefill_over_bf16']:.3f}, decode/bf16 {r['decode_over_bf16']:.3f}, "
               f"logits prefill vs decode max_rel {r['logits']['prefill_vs_decode']['max_rel']:.3g}")

@@ -476,13 +476,13 @@ def _extrapolate(rec: dict) -> dict:
 
 def merge_receipt(path, arch_rec: dict, settings: dict, command: str) -> Path:
     """Add (or replace) one architecture in the receipt at path and rewrite it with fresh provenance."""
-    from int4lab.receipts import portable_command, write_receipt
+    from lab.provenance import portable_command, write_receipt
     path = Path(path)
     old = json.loads(path.read_text()) if path.exists() else {}
     archs = dict(old.get("archs", {}))
     archs[arch_rec["arch"]] = arch_rec
     payload = {"settings": settings, "archs": archs}
-    return write_receipt(path, payload, command=portable_command(command), sources="realscale")
+    return write_receipt(path, payload, command=portable_command(command))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -505,7 +505,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     from int4lab._checks import check_dir_path, check_out_path
-    from int4lab.paths import RUNS
+    from lab.paths import RUNS
     for arch in args.arch:
         if not 1 <= args.layers <= FULL_LAYERS[arch]:
             print(f"error: --layers must be in [1, {FULL_LAYERS[arch]}] for {arch}, got {args.layers}", file=sys.stderr)

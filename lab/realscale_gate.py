@@ -209,8 +209,8 @@ def measure_depth(arch: str, layers: int, workdir, width: str, device: str, devi
 
 
 def write(path, payload: dict, command: str) -> None:
-    from int4lab.receipts import portable_command, write_receipt
-    write_receipt(Path(path), payload, command=portable_command(command), sources="realscale_gate")
+    from lab.provenance import portable_command, write_receipt
+    write_receipt(Path(path), payload, command=portable_command(command))
 
 
 def parser() -> argparse.ArgumentParser:

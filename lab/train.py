@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from int4lab.paths import RECEIPTS
-from int4lab.receipts import write_receipt
+from lab.paths import RECEIPTS
+from lab.provenance import write_receipt
 from int4lab.models.checkpoints import MODELS_DIR, load_tiny, model_dir
 from int4lab.models.configs import ARCHS, check_arch, expert_shapes, tiny_config
 from int4lab.models.tokenizer import TOKENIZER_DIR, load_tokenizer
@@ -86,7 +86,7 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
 
 def _shown(path: Path) -> str:
     """A path relative to the repository root when it is inside it (receipts stay portable)."""
-    from int4lab.paths import ROOT
+    from lab.paths import ROOT
     path = Path(path).resolve()
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
@@ -178,6 +178,7 @@ def train_one(arch: str, texts: dict, args, command: str) -> dict:
     out_dir = model_dir(arch, args.out)
     if out_dir.exists():
         shutil.rmtree(out_dir)
+    model.config.trained_context = args.seq_len   # the gate's longest window (int4lab.gate.trained_context)
     model.to(torch.bfloat16).save_pretrained(out_dir)
     del model, opt
 

@@ -24,7 +24,7 @@ from int4lab.kernels import int4_linear, moe_decode_grouped, moe_decode_routed, 
 from int4lab.format import dequant_int4_ref
 from int4lab.quantize import load_quantized, quantize_model, read_metadata, save_quantized
 from int4lab.quantize.driver import dithered_pack
-from int4lab.receipts import write_receipt
+from lab.provenance import write_receipt
 
 from test_quantize import tiny_model
 
@@ -360,7 +360,7 @@ def test_default_outputs_go_to_runs_never_data_receipts(tmp_path, monkeypatch, c
     data/receipts/ only when --out names it."""
     from lab import llamacpp, realscale
     from lab.bench import cli as bench_cli
-    from int4lab import paths
+    from lab import paths
     assert bench_cli.DEFAULT_RUN_OUT.parent == paths.RUNS and gate.receipt_path("olmoe").parent == paths.RUNS
     assert "/runs/" in (paths.ROOT / ".gitignore").read_text().splitlines()
     runs = tmp_path / "runs"

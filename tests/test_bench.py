@@ -9,10 +9,11 @@ import torch
 from conftest import DEVICE
 
 import int4lab as il
-from int4lab import shapes
 from lab import bench
 from lab import report
-from lab.bench import floor, harness, peers, timing
+from lab.bench import floor, harness, peers, shapes, timing
+from lab.paths import RECEIPTS, ROOT
+from lab.provenance import write_receipt
 
 # ---- model table and shapes ----------------------------------------------------------------------------
 
@@ -37,9 +38,9 @@ def test_model_table_matches_transformers_configs():
     assert bench.MODELS is shapes.MODELS and report.MODELS is shapes.MODELS        # one table, shared
 
 
-def test_tiny_models_are_built_from_the_shapes_table():
-    from int4lab.models.configs import expert_shapes, tiny_config
-    for arch, t in shapes.TINY.items():
+def test_tiny_models_are_built_from_their_sizes_table():
+    from int4lab.models.configs import TINY, expert_shapes, tiny_config
+    for arch, t in TINY.items():
         cfg = tiny_config(arch)
         assert expert_shapes(cfg) == {"experts": t.n_experts, "top_k": t.top_k, "hidden": t.hidden,
                                       "intermediate": t.intermediate}
@@ -408,10 +409,10 @@ def _synthetic_receipt(tmp_path, with_floor=True):
             fl = {"floor_us": fl_us, "floor_bytes": bench.moe_bytes("int4_b32_moe", m, R, 8 * R)} if with_floor else {}
             rows.append(_row(model="qwen3", layer="moe", N=768, K=2048, E=128, topk=8, rows=R, impl=impl, us=us,
                              GBps=nbytes / (us * 1e3), bytes=nbytes, n_active=8 * R, **fl))
-    path = il.write_receipt(tmp_path / "decode_synthetic.json",
-                            {"copy": {"GBps": 4000.0}, "rows": rows,
-                             "skipped": [{"impl": "gemlite", "N": 14336, "K": 4096, "reason": "synthetic"}]},
-                            command="synthetic test receipt --out /somewhere/else/decode_synthetic.json")
+    path = write_receipt(tmp_path / "decode_synthetic.json",
+                         {"copy": {"GBps": 4000.0}, "rows": rows,
+                          "skipped": [{"impl": "gemlite", "N": 14336, "K": 4096, "reason": "synthetic"}]},
+                         command="synthetic test receipt --out /somewhere/else/decode_synthetic.json")
     return report.load(path)
 
 
@@ -441,10 +442,10 @@ def test_anchor_rows_absent_folder_is_empty(tmp_path, capsys):
 
 
 def test_recorded_anchors_are_read_from_the_repository():
-    assert report.ANCHORS == il.RECEIPTS / "anchors" and report.ANCHORS.is_relative_to(il.ROOT)
+    assert report.ANCHORS == RECEIPTS / "anchors" and report.ANCHORS.is_relative_to(ROOT)
     rows = report.anchor_rows()
     assert report.llama_gemv_us(rows, 14336, 4096) == 15.39                # data/receipts/anchors/ggml_q4_0_*.txt
-    assert not hasattr(report, "RECEIPTS") or report.RECEIPTS is il.RECEIPTS
+    assert not hasattr(report, "RECEIPTS") or report.RECEIPTS is RECEIPTS
 
 
 def _cells(line):
@@ -541,8 +542,8 @@ def test_report_handles_receipts_from_before_the_floor(tmp_path):
     checks = report.targets(rec, anchors)
     assert all(c.status == "not measured" for c in checks if "read floor" in c.target)
     assert "predates the read floor" in report.render(rec, anchors)
-    committed = report.load(il.RECEIPTS / "decode_h200.json")                   # the committed receipt renders
-    assert "| – |" in report.render(committed, report.anchor_rows())
+    committed = report.load(report.DEFAULT_OUT)                                # the committed receipt renders
+    assert "**Batch-1 GEMV, µs**" in report.render(committed, report.anchor_rows())
 
 
 def test_rewrite_readme_between_markers(tmp_path):
@@ -768,11 +769,12 @@ def test_results_block_from_committed_receipts():
     for arch in ("mixtral", "olmoe", "qwen3_moe"):
         assert f"| {arch} |" in text
     assert "gptq" in text and ("PASS" in text or "FAIL" in text)
-    assert "14336×4096" in text                      # the H200 pack-time rows
+    assert ("**GPTQ pack time per layer**" in text) == any(RECEIPTS.glob("gptq_pack_*.json"))   # only where measured
+    assert ("**The small trained models**" in text) == any(RECEIPTS.glob("train_*.json"))
 
 
 def test_receipt_commands_carry_no_machine_paths():
-    from int4lab.receipts import portable_command
+    from lab.provenance import portable_command
     cmd = "python -m lab.bench --out /some/machine/dir/decode_h200.json --quick"
     assert portable_command(cmd) == "python -m lab.bench --out …/decode_h200.json --quick"
     assert portable_command("python -m lab.bench --out r.json") == "python -m lab.bench --out r.json"
@@ -797,7 +799,7 @@ def test_floor_kernel_streams_16_byte_loads_on_sm90():
         "                    constexprs=dict(BLOCK=block, ITERS=iters, HAS_TAIL=False))\n"
         "    ptx = triton.compile(src, target=GPUTarget('cuda', 90, 32), options={'num_warps': warps}).asm['ptx']\n"
         "    print(block, iters, warps, len(re.findall(r'ld\\.global\\.v4\\.b32', ptx)))\n")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(il.ROOT)}
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     for line in out.stdout.split("\n")[:-1]:

@@ -6,7 +6,7 @@ import random
 import pytest
 from test_bench import GGML_SAMPLE, _synthetic_receipt
 
-from int4lab.receipts import device_name
+from int4lab.runinfo import device_name
 from lab import report
 from lab.bench import decide
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from int4lab.paths import ROOT
+from lab.paths import ROOT
 
 try:
     import tomllib

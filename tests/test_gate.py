@@ -85,11 +85,19 @@ def test_windows_fit_the_text_and_batches_bound_the_padding(tok, L, batch, batch
         w.batches(4, 0)
 
 
-def test_trained_context_comes_from_the_training_receipt():
+def test_trained_context_comes_from_the_model_config():
+    """The tiny checkpoints' config.json records the training sequence length; other models fall back to
+    max_position_embeddings; a config with neither is refused."""
+    from int4lab.gate.cli import model_name_and_context
     for arch in ("mixtral", "olmoe", "qwen3_moe"):
-        assert gate.trained_context(arch) == 256
+        assert model_name_and_context(arch) == (arch, 256)
     cfg = tiny_lm().config
+    assert not hasattr(cfg, "trained_context")
     assert gate.trained_context("no_such_model", cfg) == cfg.max_position_embeddings
+    cfg.trained_context = 64
+    assert gate.trained_context("no_such_model", cfg) == 64
+    with pytest.raises(ValueError, match="pass --window"):
+        gate.trained_context("no_such_model", object())
 
 
 def test_calibration_draws_differ_by_seed_and_repeat_by_seed(tok):

@@ -646,7 +646,7 @@ def test_grouped_table_rule(monkeypatch):
 def test_moe_pdl_rule(monkeypatch):
     """The H200 PDL rule (notes/kernels.md): the down GEMV is a dependent launch for OLMoE's and Qwen3's
     experts, not for Mixtral's (>= 32 M weights per projection); never off sm_90."""
-    from int4lab.shapes import MODELS
+    from lab.bench.shapes import MODELS
     monkeypatch.setattr(plan_mod, "generation", lambda _: "sm90")
     assert {k: plan_mod.moe_pdl("cpu", m.hidden * m.intermediate) for k, m in MODELS.items()} == {
         "mixtral": False, "olmoe": True, "qwen3": True}

@@ -375,4 +375,4 @@ def test_prefill_bench_runs_end_to_end_at_tiny_width(tmp_path, device):
     # the prefill path moves the logits far less than int4 quantisation itself does
     assert 0 < d["prefill_vs_decode"]["max_rel"] < d["decode_vs_bf16"]["max_rel"] / 4
     assert [(r["module"], r["rows"]) for r in rec["sweep"]] == [("attn", 2), ("experts", 2)]
-    assert rec["provenance"]["sources"]["kind"] == "prefill" and rec["provenance"]["command"].startswith("python -m lab.prefill_bench")
+    assert "lab/prefill_bench.py" in rec["provenance"]["sources"]["files"] and rec["provenance"]["command"].startswith("python -m lab.prefill_bench")

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from int4lab import gate, shapes
+from int4lab import gate
+from lab.bench import shapes
 from lab import realscale
 from lab import synth
 

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-import int4lab as il
+from lab.paths import ROOT
 
 SCRIPT = """
 import triton
@@ -36,7 +36,7 @@ for out in (0, 1, 2):                      # float32, bfloat16, float16 outputs
 
 
 def test_norm_and_router_kernels_compile_for_sm90():
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(il.ROOT)}
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["compiled", "0", "compiled", "1", "compiled", "2"]
@@ -66,7 +66,7 @@ for name, hq, hkv, norm in (("olmoe", 16, 16, 2), ("qwen3_moe", 32, 4, 1), ("mix
 def test_decode_attention_kernel_compiles_for_sm90():
     """The three models' head layouts (OLMoE's whole-row q/k norm, Qwen3's per-head norm, Mixtral's none), one
     split and sixteen."""
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(il.ROOT)}
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", ATTENTION], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["compiled", "olmoe", "compiled", "qwen3_moe", "compiled", "mixtral"]

@@ -7,11 +7,9 @@ import subprocess
 
 import pytest
 
-import int4lab as il
 from lab import report
+from lab.paths import RECEIPTS, ROOT
 
-ROOT = il.ROOT
-RECEIPTS = il.RECEIPTS
 PAGES = ("README.md", "RESULTS.md", "notes/kernels.md", "notes/realscale.md")
 # A receipt's name in text, or a pattern that reads several: glob("gate_*.json"), f"llamacpp_{a}.json",
 # decide_h200_<commit>.json.

@@ -5,6 +5,7 @@ model loads (`settings.check_settings`, `_checks.check_out_path`)."""
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 
 from .._checks import check_out_path
-from ..paths import RUNS
+from ..locations import RUNS
 from ..quantize import ACTS, SCHEMES, TARGETS
 from .run import BATCH_TOKENS, DITHER, check_budget, plan_arms, run_gate
 from .score import STAT_BYTES
@@ -28,13 +29,13 @@ def receipt_path(name: str) -> Path:
 
 
 def model_name_and_context(model: str) -> tuple[str, int]:
-    """(short name, trained context) of --model without loading its weights: a tiny model's training
-    receipt, or a checkpoint directory's config.json (errors as load_model's)."""
-    from ..models import ARCHS
+    """(short name, trained context) of --model without loading its weights, from its config.json: a tiny
+    model's (data/models/<name>/) or a checkpoint directory's (errors as load_model's)."""
+    from ..models import ARCHS, model_dir
     from .models import load_config
     from .texts import trained_context
     if model in ARCHS:
-        return model, trained_context(model)
+        return model, trained_context(model, load_config(model_dir(model)))
     path = Path(model)
     if not path.is_dir():
         raise FileNotFoundError(f"--model {model!r} is neither a tiny model name {tuple(ARCHS)} nor an existing "
@@ -99,9 +100,12 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv=None) -> int:
+def main(argv=None, stamp=None, prog: str = "python -m int4lab.gate") -> int:
+    """The CLI. The result file holds {"provenance": run_info(command), **payload}; stamp(info) -> info, when
+    given, adds to that block what a publisher records beside it (e.g. the commit and the code measured)."""
     args = parser().parse_args(argv)
-    from ..receipts import write_receipt
+    from ..files import write_text_atomic
+    from ..runinfo import run_info
     from .settings import check_settings
     try:                                    # everything that can be refused is refused before any work
         name, context = model_name_and_context(args.model)
@@ -139,7 +143,9 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     args_line = " ".join(argv if argv is not None else sys.argv[1:])
-    write_receipt(path, payload, command=f"python -m int4lab.gate {args_line}", sources="gate")
+    info = run_info(f"{prog} {args_line}")
+    body = {"provenance": stamp(info) if stamp is not None else info, **payload}
+    write_text_atomic(path, json.dumps(body, indent=1) + "\n")
     print(format_table(payload))
     print(f"receipt: {path}")
     return 0

@@ -23,7 +23,7 @@ def _doc_logliks(model, tok, task: str, limit, max_length: int, batch_size: int 
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    from ..paths import DATA
+    from ..locations import DATA
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     dev = str(model.get_input_embeddings().weight.device)
     lm = HFLM(pretrained=model, tokenizer=tok, batch_size=batch_size, device=dev, max_length=max_length)

@@ -1,6 +1,7 @@
 """The gate's tables: one row per (arm, text) for the CLI, one row per (model, arm) for the README."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 
@@ -55,14 +56,13 @@ def format_table(payload: dict) -> str:
 
 
 def render_gate_table(receipts_dir) -> str:
-    """README table from data/receipts/gate_*.json: one row per (model, arm) with Δ% [CI] per text, the
-    verdict (PASS / FAIL / UNDECIDED) with KL [CI] per text beside it, the calibration judgement, and, per
+    """Markdown table of the gate results (gate_*.json) in a folder: one row per (model, arm) with Δ% [CI] per
+    text, the verdict (PASS / FAIL / UNDECIDED) with KL [CI] per text beside it, the calibration judgement, and, per
     model, the rounding band (ticket - RTN) and each GPTQ draw's paired change against round-to-nearest."""
-    from ..receipts import read_receipt
     paths = sorted(Path(receipts_dir).glob("gate_*.json"))
     if not paths:
         raise FileNotFoundError(f"no gate_*.json receipts in {receipts_dir}: run `python -m int4lab.gate`")
-    rs = [read_receipt(p) for p in paths]
+    rs = [json.loads(p.read_text()) for p in paths]
     for p, r in zip(paths, rs):
         if r.get("settings", {}).get("scored") != "every arm on every document":
             raise ValueError(f"{p.name} scored some arms on a subset of documents (an older gate): regenerate it "

@@ -7,7 +7,6 @@ T = tokens per calibration sequence.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 
 import torch
@@ -41,16 +40,12 @@ def token_sha(ids) -> str:
 
 
 def trained_context(model_name: str, config=None) -> int:
-    """Longest window the model was trained on: the training receipt's seq_len for a tiny model,
-    else the config's max_position_embeddings."""
-    from ..paths import RECEIPTS
-    path = RECEIPTS / f"train_{model_name}.json"
-    if path.exists():
-        return int(json.loads(path.read_text())["training"]["seq_len"])
-    n = getattr(config, "max_position_embeddings", None)
+    """Longest window the model was trained on, from its config: `trained_context` where training saved it
+    (the tiny models: their training sequence length), else max_position_embeddings."""
+    n = getattr(config, "trained_context", None) or getattr(config, "max_position_embeddings", None)
     if not isinstance(n, int) or n < 2:
-        raise ValueError(f"cannot tell the trained context of {model_name!r}: no training receipt and no "
-                         "config.max_position_embeddings; pass --window")
+        raise ValueError(f"cannot tell the trained context of {model_name!r}: its config has neither "
+                         "trained_context nor max_position_embeddings; pass --window")
     return n
 
 

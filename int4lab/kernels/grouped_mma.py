@@ -9,12 +9,12 @@ NB blocks of the tile's BM rows (BM >= 4) and of the expert's [BLOCK_N, 32 * NB]
 them as one batched dot with the weights on the MMA's M side, [NB, BLOCK_N, 32] x [NB, 32, BM] ->
 [NB, BLOCK_N, BM], exact in int32 per block. Why batched: the W4A8 format scales every 32-block on both
 sides, so the block sums cannot share one int32 accumulator; a batch of NB blocks per step puts NB times
-more bytes in flight than one block per step (the first version, latency-bound:
-data/receipts/tile_major_and_splits_h200.json). Why the weights on the M side (mma.sync m16n8k32): the tile's
+more bytes in flight than one block per step (the first version, latency-bound;
+measured at commit 2e9630c). Why the weights on the M side (mma.sync m16n8k32): the tile's
 few rows then fill the N side (8 wide) instead of a padded M of 16, and the compiler stops copying the
 activation fragment before every MMA (the MMA's output took its registers): at bm16 bn64 bk128 the loop is 271
 SASS instructions per step instead of 292, at bm8 204 instead of 232 (compiler report;
-data/receipts/grouped_mma_swapped_operands_h200.json).
+measured at commit cf7e687).
 
 Half-height tiles (plan.half_tiles): the scaling per row, column and block is most of the loop and runs for
 every row of the tile, live or not, so a tile with at most BLOCK_M / 2 live rows runs the same loop at half the
@@ -31,7 +31,7 @@ Weights through the Tensor Memory Accelerator (plan.tma, sm_90): each step's [BL
 arrive as one bulk copy of a TensorDescriptor box into shared memory, issued by one thread and waited on through
 an mbarrier, instead of 128 threads' cp.async copies of 8-16 bytes with their addresses. Same bits, same
 registers and shared memory; the MoE step 21-32 % faster on every tensor-core row
-(data/receipts/tma_weights_h100.json). A box that runs past K or past the tensor reads zeros, as the masked loads
+(measured on an H100 at commit 813d570). A box that runs past K or past the tensor reads zeros, as the masked loads
 did; rows past an expert's N are the next expert's and are never stored.
 
 Numerics: each block sum is scaled as d * (ws * xs) and accumulated per block column across the K steps,

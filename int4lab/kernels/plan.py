@@ -56,15 +56,12 @@ class GroupedPlan:
 # that applies wins; block_k is capped at the next power of two >= K. "interp" is the CPU interpreter, whose
 # cost is per program and per op, not per element: wide tiles, few programs.
 GEMV_TABLE = {
-    # H200 sweeps 2026-12-02 (notes/kernels.md, "GEMV rows"; data/receipts/gemv_wide_k_tiles_h200.json,
-    # gemv_routed_tiles_h200.json and gemv_plans_16byte_loads_h200.json, the last with 16-byte weight loads).
-    # Split-K's last-arriving finish costs ~2 us of tail latency, so most rows split only when the grid would
-    # otherwise be tiny (waves 0.25); long-K, short-N weights (4096x14336) gain from a split all the same. Routed
-    # rows (R >= 2: MoE gate_up / down over top-k experts) multiply the programs, so taller tiles of 1024 win there
-    # (gemv_routed_tiles_h200.json); one small dense row wants short programs of the widest tiles and 8 warps
-    # (gemv_plans_16byte_loads_h200.json). Routed rows with K < N (the small models' down GEMV: 2048 outputs of
-    # 1024 or 768 inputs) run 64-wide tiles (data/receipts/gemv_routed_k_lt_n_h200.json: Qwen3 one token -5 %,
-    # 8 / 16 tokens -4 / -7 %, OLMoE 8 tokens -3 %, one token and Mixtral unchanged).
+    # Chosen by H200 sweeps (the commits of these rows hold their receipts). Split-K's last-arriving finish costs
+    # tail latency, so most rows split only when the grid would otherwise be tiny (waves 0.25); long-K, short-N
+    # weights (4096x14336) gain from a split all the same. Routed rows (R >= 2: MoE gate_up / down over top-k
+    # experts) multiply the programs, so taller tiles of 1024 win there; one small dense row wants short programs of
+    # the widest tiles and 8 warps. Routed rows with K < N (the small models' down GEMV: 2048 outputs of 1024 or 768
+    # inputs) run 64-wide tiles.
     "sm90": ((32 * 2**20, 1, 2.0, GemvPlan(block_n=32, block_k=1024, num_warps=4, num_stages=2, waves=2.0)),
              (32 * 2**20, 1, 0.0, GemvPlan(block_n=16, block_k=2048, num_warps=4, num_stages=2, waves=0.25)),
              (0, 2, 1.0, GemvPlan(block_n=32, block_k=1024, num_warps=4, num_stages=2, waves=0.25)),
@@ -78,24 +75,17 @@ GEMV_TABLE["sm80"] = GEMV_TABLE["sm90"]
 # applies wins. The mean L / min(E, L) is known before the routing (tokens, top-k, E), so the choice is
 # capture-legal.
 GROUPED_TABLE = {
-    # H200 probes (notes/kernels.md, "Grouped rows"; data/receipts/tile_major_and_splits_h200.json,
-    # grouped_one_row_tiles_h200.json, grouped_mma_8_row_tiles_h200.json, grouped_mma_swapped_operands_h200.json),
-    # keyed by mean rows per routed expert. Below 4 rows, one row per tile on a tile-major grid won on all three
-    # models (every tile of one N range runs at once, so an expert's bytes come from DRAM once and its other rows
-    # hit L2); from 4 the batched tensor-core tile (4 blocks per dot) at 8 rows (grouped_mma_swapped_operands_h200.json:
-    # OLMoE 32 tokens 136 us against bm16's 149, Qwen3 64 199 against 227), but at 16 rows for experts of 32 M
-    # weights and more (the same receipt: Mixtral 16 tokens 397 against 418; 7 experts share 32 rows, so bm8 tiles
-    # of the busiest ones split in two); from 8 at 16 rows, from 16 at 32 (an expert of 17-32 rows read by one
-    # tile, not two). Waves 2 on the Mixtral-16-token row and the 32-row row split a down GEMM of few N tiles
-    # (data/receipts/probe_split_grouped_h200.json: Mixtral 16 tokens 399 -> 392 us at split 4, 64 tokens
-    # 615 -> 573 at split 2) and leave gate_up unsplit; a split lost on the 16-row row (Mixtral 32, OLMoE 64:
-    # +0.3 / +7 %), which keeps waves 0.25. The 16- and 32-row tiles run half-height loops for tiles of at most
-    # half their rows (data/receipts/grouped_half_loops_h200.json: Mixtral 16 / 32 / 64 tokens and OLMoE 64 3-4 %
-    # faster; at 8 rows a 16-row tile with half loops lost 3-6 %, so the 8-row tile stays). Every tensor-core row
-    # loads its weights through TMA (data/receipts/tma_weights_h100.json, on an H100: the step 21-32 % faster on
-    # all six rows, same bits). With TMA the 8-row tensor-core tile also wins at 2 mean rows on the small experts
-    # (data/receipts/grouped_tma_threshold_h100.json, on an H100: OLMoE 16 tokens 93.5 against the one-row tile's
-    # 102.0 us, Qwen3 32 145.0 against 169.6), not on Mixtral's (8 tokens 324.5 against 319.6) nor at 1 mean row.
+    # Chosen by H200 probes (the commits of these rows hold their receipts), keyed by mean rows per routed expert.
+    # Below 4 rows, one row per tile on a tile-major grid won on all three models (every tile of one N range runs
+    # at once, so an expert's bytes come from DRAM once and its other rows hit L2); from 4 the batched tensor-core
+    # tile (4 blocks per dot) at 8 rows, but at 16 rows for experts of 32 M weights and more (7 experts share 32
+    # rows, so 8-row tiles of the busiest ones split in two); from 8 at 16 rows, from 16 at 32 (an expert of 17-32
+    # rows read by one tile, not two). Waves 2 on the Mixtral-16-token row and the 32-row row split a down GEMM of
+    # few N tiles and leave gate_up unsplit; a split lost on the 16-row row, which keeps waves 0.25. The 16- and
+    # 32-row tiles run half-height loops for tiles of at most half their rows (at 8 rows a 16-row tile with half
+    # loops lost, so the 8-row tile stays). Every tensor-core row loads its weights through TMA (measured on an
+    # H100: faster on every row, the same bits). With TMA the 8-row tensor-core tile also wins at 2 mean rows on
+    # the small experts, not on Mixtral's nor at 1 mean row.
     "sm90": ((0.0, 0, GroupedPlan(block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=2, tile_major=True)),
              (2.0, 0, GroupedPlan(block_m=8, block_n=64, block_k=128, num_warps=4, num_stages=3, kind="mma", tma=True,
                                   tile_major=True)),
@@ -113,29 +103,23 @@ GROUPED_TABLE = {
                                     tile_major=True)),),
 }
 # Ampere/Ada have no TMA: the H200 rows with the weights loaded by the threads (the same bits), less the 2-row
-# tensor-core rows, which won only through TMA (on the threads' loads the one-row tile was faster there:
-# data/receipts/grouped_mma_8_row_tiles_h200.json).
+# tensor-core rows, which won only through TMA (on the threads' loads the one-row tile was faster there).
 GROUPED_TABLE["sm80"] = tuple((r, w, dataclasses.replace(p, tma=False)) for r, w, p in GROUPED_TABLE["sm90"]
                               if r != 2.0)
 # MoE step: from how many mean rows per routed expert (L / min(E, L)) moe_decode_step takes the grouped path
 # instead of the routed GEMVs, per generation: rows (smallest weights per expert projection H * I, mean rows), the
-# first row that applies wins. H200 sweep (data/receipts/grouped_sweep_h200.json): at 1 mean row the routed path
-# (2 launches against 5) is faster on OLMoE and Qwen3 (8 tokens: 62.5 / 55.8 us against 64.4 / 63.3); from 2 the
-# grouped path won on all three models (grouped_one_row_tiles_h200.json) until the 64-wide routed down tiles
-# (gemv_routed_k_lt_n_h200.json) made the routed path faster at 2 mean rows on the small models
-# (data/receipts/decode_h200_3d32813.json: OLMoE 16 tokens 91.4 against 94.6 us, Qwen3 32 149.1 against 157.0),
-# while Mixtral's grouped path stays ahead there (8 tokens 275.0 against 307.0). With TMA the grouped path's 8-row
-# tensor-core tile takes the small models' 2-row rows back (grouped_tma_threshold_h100.json, on an H100: OLMoE 16
-# tokens 93.5 against the routed 97.5 us of the same machine's bench, Qwen3 32 145.0 against 161.1), so sm_90
+# first row that applies wins. On the H200 at 1 mean row the routed path (2 launches against 5) is faster on OLMoE
+# and Qwen3; from 2 the grouped path won on all three models until the 64-wide routed down tiles made the routed
+# path faster at 2 mean rows on the small models, while Mixtral's grouped path stays ahead there. With TMA the
+# grouped path's 8-row tensor-core tile takes the small models' 2-row rows back (measured on an H100), so sm_90
 # switches at 2 mean rows for every model again. One token is always 1 mean row (routed). The interpreter row
 # exercises both.
 MOE_GROUPED_FROM_MEAN_ROWS = {"sm90": ((0, 2.0),), "sm80": ((32 * 2**20, 2.0), (0, 3.0)), "interp": ((0, 2.0),)}
 # Routed MoE step: the down GEMV is a programmatic dependent launch of the gate_up GEMV (its programs start
 # during gate_up's tail, ask L2 for their first weight tiles, then wait; gemv_dp4a_kernel's PDL) for experts
-# of fewer than this many weights per projection (H * I); 0 = never. H200 (notes/kernels.md, "MoE step rows";
-# data/receipts/probe_pdl_h200.json, PDL off / on alternately three times): one token, OLMoE 14.1 -> 12.9 us
-# and Qwen3 12.4 -> 12.0 with PDL, but Mixtral (58.7 M weights) 54.3-54.8 without against 55.2 with, in every
-# pair (its 512 down programs each ask L2 for 4 tiles, 32 MB, while gate_up still streams).
+# of fewer than this many weights per projection (H * I); 0 = never. On the H200, PDL off / on alternately: the
+# small models' one-token step is faster with it, Mixtral's (58.7 M weights) slower in every pair (its 512 down
+# programs each ask L2 for 4 tiles, 32 MB, while gate_up still streams).
 # griddepcontrol is sm_90 PTX; the interpreter has no launches to overlap.
 MOE_PDL_BELOW_WEIGHTS = {"sm90": 32 * 2**20, "sm80": 0, "interp": 0}
 # Elementwise kernels (activation quantisation, SwiGLU, combine, reduce): columns per program.

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from ..paths import DATA
+from ..locations import DATA
 from .configs import check_arch
 
 MODELS_DIR = DATA / "models"

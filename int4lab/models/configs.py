@@ -1,5 +1,5 @@
 """transformers configs of the three tiny MoE models: Mixtral (8 experts, top-2), OLMoE and Qwen3-MoE
-(32 experts, top-8); their sizes are rows of `int4lab.shapes.TINY`.
+(32 experts, top-8); their sizes are the rows of TINY.
 
 # E = experts, N = out features, K = in features, H = hidden size, I = expert intermediate size
 
@@ -9,7 +9,23 @@ K a multiple of 32 (gate_up: K = H = 128; down: K = I = 256 or 64).
 """
 from __future__ import annotations
 
-from ..shapes import TINY
+from typing import NamedTuple
+
+
+class TinySizes(NamedTuple):
+    """One tiny model's sizes: H, one expert's I, E experts, top-k, heads, kv heads, head dim D."""
+    hidden: int
+    intermediate: int
+    n_experts: int
+    top_k: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+
+
+# H = 128, 4 heads of 32, the same expert width per token (2 x 256 = 8 x 64).
+TINY = {"mixtral": TinySizes(128, 256, 8, 2, 4, 2, 32), "olmoe": TinySizes(128, 64, 32, 8, 4, 4, 32),
+        "qwen3_moe": TinySizes(128, 64, 32, 8, 4, 2, 32)}
 
 ARCHS = tuple(TINY)
 

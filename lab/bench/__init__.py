@@ -27,13 +27,16 @@ Method (what one `us` means; `timing.py`):
     reason -- never a row.
 
 Modules: schema (receipt keys, validation), traffic (byte formulas), timing (the CUDA-graph timer), floor
-(the read-only kernel), peers (registries: name -> prepare function), harness (schedule, rows, run), cli.
-Shapes come from `int4lab.shapes`.
+(the read-only kernel), peers (registries: name -> prepare function), harness (schedule, rows, run), cli;
+peers built outside the repository: marlin_peer (Marlin W4A16 through ctypes, skipped where not built),
+ggml_peer (llama.cpp's CUDA backend: its case list, its output parsed and merged into the receipt), and
+peer_table (every implementation over its own read floor).
+Shapes come from `lab.bench.shapes`.
 
 Shape legend: E = experts, N = out features, K = in features, R = rows (tokens), H = hidden, I = expert
 intermediate; gate_up is [E, 2I, H] (gate rows first), down is [E, H, I].
 """
-from int4lab.shapes import EXTRA_SHAPES, MODELS, MoEModel, Shape, all_shapes, decode_shapes
+from .shapes import EXTRA_SHAPES, MODELS, MoEModel, Shape, all_shapes, decode_shapes
 from lab.bench.cli import main
 from lab.bench.harness import MOE_TOKENS, Work, bench_gemv, bench_moe, dry_run, run, schedule
 from lab.bench.schema import DEFAULT_OUT, GEMV_IMPLS, IMPLS, MOE_IMPLS, validate_receipt, validate_row

@@ -14,8 +14,12 @@ import re
 import subprocess
 from pathlib import Path
 
-from int4lab.paths import ROOT
-from int4lab.receipts import KERNEL_SOURCES, read_receipt, write_text_atomic
+from int4lab.files import write_text_atomic
+
+from lab.paths import ROOT
+from lab.provenance import read_receipt
+
+KERNEL_SOURCES = "int4lab/kernels"   # the kernel files a bench receipt's kernel_sources_sha256 covers
 
 SANITIZERS = ("memcheck", "racecheck", "synccheck", "initcheck")
 

@@ -10,7 +10,7 @@ import torch
 
 from lab.bench import __doc__ as PACKAGE_DOC
 from lab.bench.harness import dry_run, run
-from int4lab.paths import RUNS
+from lab.paths import RUNS
 from lab.bench.schema import DEFAULT_OUT, IMPLS, validate_receipt
 
 # Start no new measurement after this many seconds: a full H200 run, the last measurement started before the
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
                   f"{d['impl']:17s} {d['bytes']:>12d} B")
         return 0
     from int4lab._checks import check_out_path
-    from int4lab.receipts import portable_command, write_receipt
+    from lab.provenance import portable_command, write_receipt
     try:
         check_out_path(args.out)                              # before anything is timed
     except ValueError as e:
@@ -59,9 +59,9 @@ def main(argv=None) -> int:
     # after every measurement the receipt on disk is replaced (atomically: a whole JSON file, never part of one;
     # method.complete false until the end), so a run killed from outside still leaves what it measured
     payload = run(quick=args.quick, only=only, replays=args.replays, seed=args.seed,
-                  budget_s=args.budget_s or None, checkpoint=lambda p: write_receipt(args.out, p, command=cmd, sources="kernels"))
+                  budget_s=args.budget_s or None, checkpoint=lambda p: write_receipt(args.out, p, command=cmd))
     validate_receipt({"provenance": {}, **payload})
-    path = write_receipt(args.out, payload, command=cmd, sources="kernels")
+    path = write_receipt(args.out, payload, command=cmd)
     print(f"wrote {path} ({len(payload['rows'])} rows, {len(payload['floor'])} floors, "
           f"{len(payload['skipped'])} skipped)")
     return 0

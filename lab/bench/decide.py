@@ -52,7 +52,7 @@ def median_ci(xs, level: float = 0.95) -> tuple[float, float, float]:
 
 def parse_spec(spec: str) -> tuple:
     """"gemv:NxK" -> ("gemv", N, K); "moe:MODEL:T" -> ("moe", MODEL, T). ValueError naming the rule otherwise."""
-    from int4lab.shapes import MODELS
+    from .shapes import MODELS
     m = re.fullmatch(r"gemv:(\d+)x(\d+)", spec)
     if m:
         N, K = int(m.group(1)), int(m.group(2))
@@ -80,7 +80,7 @@ def ratios_of(key: tuple) -> list[tuple[str, str]]:
 
 def _prepare(key: tuple, l2: int, gen) -> tuple[dict, int]:
     """{item: calls} (each call list checked against its reference once) and the floor's byte count."""
-    from int4lab.shapes import MODELS
+    from .shapes import MODELS
     from lab.bench import peers
     from lab.bench import timing
     from lab.bench.traffic import expert_bytes, gemv_bytes, gemv_floor_bytes, moe_floor_bytes
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
             raise RuntimeError(f"process {i + 1} failed ({done.returncode}):\n{done.stderr[-3000:]}")
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(f"process {i + 1} of {args.processes} done", flush=True)
-    from int4lab.receipts import portable_command, write_receipt
+    from lab.provenance import portable_command, write_receipt
     payload = {"method": {"rounds": args.rounds, "processes": args.processes, "replays": args.replays,
                           "interval": "95 % order-statistic interval of the median per process; decided when "
                                       "the hull of the processes' intervals lies on one side of the limit"},
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
                           "us": [r[j]["us"] for r in runs], "ratios": combine(k, [r[j] for r in runs])}
                          for j, (s, k) in enumerate(zip(args.spec, keys))]}
     cmd = portable_command("python -m lab.bench.decide " + " ".join(argv if argv is not None else sys.argv[1:]))
-    path = write_receipt(args.out, payload, command=cmd, sources="kernels")
+    path = write_receipt(args.out, payload, command=cmd)
     for s in payload["specs"]:
         for r in s["ratios"]:
             print(f"{s['spec']:22s} {r['num']}/{r['den']}: {r['median']:.4f} [{r['lo']:.4f}, {r['hi']:.4f}]")

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from int4lab.shapes import MODELS, TARGET_SHAPES, MoEModel, Shape, all_shapes, by_priority
+from .shapes import MODELS, TARGET_SHAPES, MoEModel, Shape, all_shapes, by_priority
 from lab.bench import floor
 from lab.bench import peers
 from lab.bench import timing

@@ -18,8 +18,8 @@ Method (what one `us` means):
     its first replay was queued is counted in `late` (`summarise`); the bench records it per row;
   * before the first sample the graph replays for at least `WARMUP_MS` of GPU time. Why: after the host has
     been busy (preparing a row's weights, its reference, the graph capture) the H200 streams bytes 8-13 %
-    slower for its first ~10 ms of load, then steps up and stays up (raw samples in
-    data/receipts/probe_bench_samples_h200.json, notes/kernels.md); with only a few warm-up replays that
+    slower for its first ~10 ms of load, then steps up and stays up (raw samples recorded at commit
+    ce284a7); with only a few warm-up replays that
     step fell inside a row's 20 samples, and the median of a big row could land on either side of it.
 """
 from __future__ import annotations

@@ -161,7 +161,7 @@ def fused_combine_case(T, A, N, K, E, device, split_k=1):
 def plan_on(generation: str, sms: int, N: int, K: int, R: int) -> _plan.GemvPlan:
     """gemv_plan's choice for a GPU generation and SM count, computed on any machine (no GPU needed).
 
-    plan.py is hashed into every GPU receipt (receipts.kernel_sources_hash), so this reuses its functions
+    plan.py is hashed into every GPU receipt (lab.provenance.kernel_sources_hash), so this reuses its functions
     with the device queries answered, instead of editing that file."""
     with mock.patch.object(_plan, "generation", lambda _: generation), \
             mock.patch.object(_plan, "num_sms", lambda _: sms):

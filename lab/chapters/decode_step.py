@@ -13,7 +13,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from int4lab.paths import RECEIPTS
+from lab.paths import RECEIPTS
 
 ARCH_LABEL = {"olmoe": "OLMoE-1B-7B", "qwen3_moe": "Qwen3-30B-A3B", "mixtral": "Mixtral-8x7B"}
 ORDER = ("olmoe", "qwen3_moe", "mixtral")

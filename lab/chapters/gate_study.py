@@ -15,8 +15,8 @@ lottery[base] {tickets, texts[t] {cis, values, band {lo, hi, q}}}; calibration[s
 from __future__ import annotations
 
 from int4lab.gate import calibration_judgement, rounding_band, verdict
-from int4lab.paths import RECEIPTS
-from int4lab.receipts import read_receipt
+from lab.paths import RECEIPTS
+from lab.provenance import read_receipt
 
 RTN = "rtn/experts/W4A8"            # the round-to-nearest arm of the experts-only W4A8 scheme
 GPTQ = "gptq/experts/W4A8"          # its calibrated scheme; arms "gptq/experts/W4A8 draw#s"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from int4lab.paths import ROOT
-from int4lab.receipts import portable_command, write_receipt
+from lab.paths import ROOT
+from lab.provenance import portable_command, write_receipt
 from lab.synth import ARCHS, WIDTHS
 
 from . import bench
@@ -110,8 +110,7 @@ def main(argv=None) -> int:
         this = {"command": command, "settings": {k: v for k, v in vars(args).items() if k not in ("out", "prior")},
                 "seconds": time.time() - t0}
         write_receipt(out, {"kind": "decode_step", "card": card(), "transformers": transformers.__version__,
-                            **this, "calls": before.get("calls", []) + [this], "archs": archs}, command=command,
-                      sources="decode_step")
+                            **this, "calls": before.get("calls", []) + [this], "archs": archs}, command=command)
 
     def log(msg):
         print(f"[{time.time() - t0:6.1f} s] {msg}", flush=True)

@@ -24,8 +24,8 @@ from int4lab.kernels.norm import rms_norm
 from int4lab.kernels.router import router_topk
 from int4lab.kernels.plan import gemv_plan
 from int4lab.format import pack_int4_b32
-from int4lab.receipts import provenance
-from int4lab.shapes import MODELS
+from lab.provenance import provenance
+from lab.bench.shapes import MODELS
 
 DENSE = ((14336, 4096), (4096, 14336), (2048, 768), (512, 2048))
 SMALL = ((512, 2048), (256, 1024))
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--small", action="store_true", help="small shapes (for compute-sanitizer)")
     args = ap.parse_args(argv)
-    rec = {"provenance": provenance(command="python -m lab.tune.replay_check", sources="kernels"), **run(args.replays, args.small)}
+    rec = {"provenance": provenance(command="python -m lab.tune.replay_check"), **run(args.replays, args.small)}
     with open(args.out, "w") as f:
         json.dump(rec, f, indent=1)
     for r in rec["rows"]:

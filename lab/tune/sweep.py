@@ -8,7 +8,7 @@ peers is `python -m lab.bench`. Timing is the bench's (`lab.bench.timing`): one 
 `copies` calls, each on its own copy of the weights, copies x bytes > 4 x L2, median of 30 replays. Every
 variant is passed to the launchers as an explicit `plan=` (no environment variable). Weights are random
 bytes and random fp16 scales: the kernels' speed does not depend on the values. Shapes come from
-`int4lab.shapes`.
+`lab.bench.shapes`.
 
 Shape legend: E = experts, N = out features, K = in features, A = experts per token, H = hidden, I = one
 expert's intermediate width.
@@ -30,8 +30,8 @@ from lab.bench.traffic import gemv_bytes
 from int4lab.kernels.gemv import int4_linear
 from int4lab.kernels.moe import moe_decode_grouped, moe_decode_routed
 from int4lab.kernels.plan import MAX_SPLIT_K, GemvPlan, GroupedPlan, gemv_plan, grouped_plan, num_sms
-from int4lab.receipts import portable_command, write_receipt
-from int4lab.shapes import MODELS, all_shapes, by_priority
+from lab.provenance import portable_command, write_receipt
+from lab.bench.shapes import MODELS, all_shapes, by_priority
 
 REPLAYS = 30
 COMMAND = "python -m lab.tune.sweep"
@@ -98,7 +98,7 @@ def dense_weights(N, K, copies, dev):
     return packed, scales
 
 
-# dp4a grid (block_n, block_k, num_warps, waves), num_stages 2 (data/receipts/gemv_wide_k_tiles_h200.json). With
+# dp4a grid (block_n, block_k, num_warps, waves), num_stages 2 (first swept at commit f7b7d20). With
 # one launch per GEMV, waves 0.25 means "split K only when the grid would be tiny" (a split costs ~2 us of tail
 # latency).
 DP4A_GRID = [(bn, bk, nw, waves) for bn in (8, 16, 32) for bk in (1024, 2048, 4096) for nw in (4, 8)
@@ -292,12 +292,11 @@ GROUPED_TOKENS = (4, 16, 64, 2, 8, 32)
 
 
 # Tensor-core tiles (block_m, block_n, block_k, num_warps, num_stages): block_k / 32 blocks per batched dot.
-# A probe of bn 32-128 x bk 32-512 (data/receipts/tile_major_and_splits_h200.json): bn64 bk128 s3 won from 8 rows
-# per expert; then its neighbourhood (grouped_one_row_tiles_h200.json); bk256 and bm32 bn128 lost everywhere.
-# Tiles of 4 and 8 rows (the compiler pads the MMA; the float32 scaling covers only the tile's rows): bm8 bn64
-# wins at 4 mean rows, bm4 never (grouped_mma_8_row_tiles_h200.json). With the weights on the MMA's M side
-# (fewer instructions, other register counts: bm32 bn64 239, bm32 bn32 128, bm16 bn128 168) the tiles of 4-32
-# rows were tried again (grouped_mma_swapped_operands_h200.json). notes/kernels.md, "Grouped rows", has the rest.
+# A probe of bn 32-128 x bk 32-512 (commit 2e9630c): bn64 bk128 s3 won from 8 rows per expert; then its
+# neighbourhood (commit 0544912); bk256 and bm32 bn128 lost everywhere. Tiles of 4 and 8 rows (the compiler pads
+# the MMA; the float32 scaling covers only the tile's rows): bm8 bn64 wins at 4 mean rows, bm4 never (commit
+# 1692f76). With the weights on the MMA's M side (fewer instructions, other register counts: bm32 bn64 239,
+# bm32 bn32 128, bm16 bn128 168) the tiles of 4-32 rows were tried again (commit cf7e687).
 MMA_GROUPED = [(4, 64, 128, 4, 3), (8, 64, 128, 4, 3), (16, 64, 128, 4, 3), (32, 64, 128, 4, 3),
                (8, 32, 128, 4, 3), (16, 32, 128, 4, 3), (32, 32, 128, 4, 3), (8, 128, 128, 4, 3),
                (16, 128, 128, 4, 3), (16, 64, 128, 4, 4), (32, 32, 128, 4, 4)]
