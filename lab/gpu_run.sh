@@ -47,8 +47,8 @@ has() { [[ ",$STAGES," == *",$1,"* ]]; }      # exact stage names: gate is not g
 if [[ $STAGES == *checks* ]]; then
   stage "CUDA tests"
   timeout ${TESTS_S:-200} python3 -m pytest -q -m "not notebook" -p no:cacheprovider ${TESTS:-tests/test_kernels.py \
-    tests/test_prefill.py tests/test_ops.py tests/test_fused.py tests/test_attention.py tests/test_decode_step.py \
-    tests/test_w4a16_cutlass.py tests/test_dither.py} \
+    tests/test_prefill.py tests/test_ops.py tests/test_fused.py tests/test_attention.py tests/test_fused_layer.py \
+    tests/test_decode_step.py tests/test_w4a16_cutlass.py tests/test_dither.py} \
     2>&1 | tee "$OUT/cuda_tests_$card.txt" | tail -8
   stage "graph replays"
   timeout 90 python3 -m lab.tune.replay_check --out "$OUT/replay_check.json" | tail -3
