@@ -1,4 +1,5 @@
-"""Pack-time benchmark: how long GPTQ takes to pack one layer, next to round-to-nearest.
+"""Pack-time benchmark: how long GPTQ and a lottery ticket (dithered round-to-nearest) take to pack one layer,
+next to round-to-nearest.
 
     python -m lab.bench_pack                              # 1024x4096 on the CPU
     python -m lab.bench_pack --device cuda                # 14336x4096 (and 1024x4096) on the GPU
@@ -28,11 +29,14 @@ import torch
 
 from lab.chapters.calib import synthetic_activations
 from int4lab.format import pack_int4_b32
+from int4lab.gate.arms import DITHER
 from int4lab.gptq import HessianAccumulator, gptq_pack_int4_b32
+from int4lab.quantize import dithered_pack
 from lab.provenance import write_receipt
 
 IMPLS = {
     "rtn": lambda w, H: pack_int4_b32(w),
+    "rtn_dithered": lambda w, H: dithered_pack(w, DITHER, 1),      # a lottery ticket: target <= 1.5x rtn
     "gptq": lambda w, H: gptq_pack_int4_b32(w, H),
     "gptq_act_order": lambda w, H: gptq_pack_int4_b32(w, H, act_order=True),
 }

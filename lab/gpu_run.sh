@@ -11,15 +11,23 @@
 #   bench    every decode shape and MoE layer beside its peers and the read floor (lab.bench)
 #   step     the whole-model decode step, int4 (three forms) and bf16, eager, graphed, compiled (lab.decode_step)
 #   gate     the README's gate command on truncated-depth synthetic OLMoE checkpoints (lab.realscale_gate)
-#   prefill  many-row int4 scoring against bf16 (lab.prefill_bench)
+#   gate_full  the README's gate command on a synthetic OLMoE at its published 16 layers, every default arm, no fit
+#            (checkpoint in /dev/shm; GATE_S caps it), after the dither's CUDA-vs-CPU test and a ticket's pack
+#            time beside round-to-nearest's (dither_cuda_<card>.txt)
+#   gate_fit the README's gate command on synthetic Qwen3-30B-A3B and Mixtral-8x7B at 1, 2 and 3 layers, one card
+#            plus the host (--device-map auto --max-memory), quick settings taken to the defaults and fitted to full
+#            depth (FIT_S caps each architecture, FIT_LAYERS, FIT_ARGS, FIT_MEMORY override)
 #   peers    the bench again with the peers built outside the repository: Marlin (a peer row) and llama.cpp's
 #            CUDA backend (ggml test-backend-ops perf, merged into the receipt); runs .peers/run.sh, which builds
 #            both from source carried in .peers/ (git-ignored), or skips when .peers/ is absent. Writes
 #            decode_<card>.json, ggml_<card>.txt, ggml_cases.txt and the build logs under peers/.
+#   prefill  many-row int4 scoring against bf16 and the decode path, paired in alternating rounds in one process,
+#            and the rows sweep that sets PREFILL_MIN_ROWS (lab.prefill_bench)
 # Writes under $OUT, every receipt named for the card (h100 / h200): cuda_tests_<card>.txt, replay_check.json,
 # sanitizer_<card>.txt, decode_<card>.json, decode_step_<card>.json, realscale_gate_olmoe_<card>.json,
-# prefill_<card>.json. Carried wheels in .whl/ (git-ignored) are installed first: transformers (the pinned
-# version; the image's is older) and GemLite (a peer column of the bench).
+# realscale_gate_full_olmoe_<card>.json, dither_cuda_<card>.txt, realscale_gate_qwen3_moe_<card>.json,
+# realscale_gate_mixtral_<card>.json, prefill_<card>.json. Carried wheels in .whl/ (git-ignored) are installed
+# first: transformers (the pinned version; the image's is older) and GemLite (a peer column of the bench).
 set -uo pipefail
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -34,12 +42,13 @@ python3 -c "import torch, triton, transformers; print('torch', torch.__version__
 t0=$(date +%s)
 stage() { echo "== $1 ($(( $(date +%s) - t0 )) s in)"; }
 STAGES=${STAGES:-checks}
+has() { [[ ",$STAGES," == *",$1,"* ]]; }      # exact stage names: gate is not gate_full
 
 if [[ $STAGES == *checks* ]]; then
   stage "CUDA tests"
   timeout ${TESTS_S:-200} python3 -m pytest -q -m "not notebook" -p no:cacheprovider ${TESTS:-tests/test_kernels.py \
-    tests/test_prefill.py tests/test_ops.py tests/test_fused.py tests/test_attention.py tests/test_decode_step.py \
-    tests/test_w4a16_cutlass.py} \
+    tests/test_prefill.py tests/test_ops.py tests/test_fused.py tests/test_attention.py tests/test_fused_layer.py \
+    tests/test_decode_step.py tests/test_w4a16_cutlass.py tests/test_dither.py} \
     2>&1 | tee "$OUT/cuda_tests_$card.txt" | tail -8
   stage "graph replays"
   timeout 90 python3 -m lab.tune.replay_check --out "$OUT/replay_check.json" | tail -3
@@ -78,15 +87,37 @@ if [[ $STAGES == *step* ]]; then
     --samples 7 --replays 8 --eager-samples 2 ${STEP_PRIOR:+--prior "$STEP_PRIOR"} \
     --out "$OUT/decode_step_$card${STEP_TAG:-}.json" 2>&1 | tail -40
 fi
-if [[ $STAGES == *prefill* ]]; then
+if has prefill; then
   stage "prefill"
-  timeout ${PREFILL_S:-150} python3 -m lab.prefill_bench --out "$OUT/prefill_$card.json" --sweep 16,64,256,1024,4096 \
-    2>&1 | tail -12
+  timeout ${PREFILL_S:-300} python3 -m lab.prefill_bench --out "$OUT/prefill_$card.json" --rounds ${PREFILL_ROUNDS:-6} \
+    --repeats 5 --sweep 16,32,64,128,256,512,1024,2048,4096,8192 2>&1 | tail -16
 fi
-if [[ $STAGES == *gate* ]]; then
+if has gate; then
   stage "gate at real width"
   timeout ${GATE_S:-420} python3 -m lab.realscale_gate --arch olmoe --layers 2 4 --workdir /tmp/rsg \
     --out "$OUT/realscale_gate_olmoe_$card.json" --deadline $(( ${GATE_S:-420} - 40 )) 2>&1 \
     | grep --line-buffered -v "Writing model shards\|Loading weights" | tail -30
+fi
+if has gate_full; then
+  stage "dither on CUDA against the CPU"
+  timeout 45 python3 -m pytest -q -p no:cacheprovider tests/test_dither.py 2>&1 | tee "$OUT/dither_cuda_$card.txt" | tail -2
+  timeout 40 python3 -m lab.bench_pack --device cuda --impls rtn rtn_dithered --repeats 5 --no-write 2>&1 \
+    | tee -a "$OUT/dither_cuda_$card.txt" | tail -4
+  stage "gate at full depth: OLMoE 16 layers"
+  rm -rf /dev/shm/rsg_full
+  timeout ${GATE_S:-480} python3 -m lab.realscale_gate --arch olmoe --full --workdir /dev/shm/rsg_full \
+    --out "$OUT/realscale_gate_full_olmoe_$card.json" 2>&1 | grep --line-buffered -v "Writing model shards\|Loading weights" | tail -30
+  rm -rf /dev/shm/rsg_full
+fi
+if has gate_fit; then
+  for arch in qwen3_moe mixtral; do
+    stage "gate fit: $arch at ${FIT_LAYERS:-1 2 3} layers, one card plus the host"
+    rm -rf /dev/shm/rsg_fit
+    timeout ${FIT_S:-260} python3 -m lab.realscale_gate --arch $arch --layers ${FIT_LAYERS:-1 2 3} --device-map auto \
+      --max-memory ${FIT_MEMORY:-0=70GiB cpu=100GiB} --workdir /dev/shm/rsg_fit --deadline $(( ${FIT_S:-260} - 15 )) \
+      --gate-args="${FIT_ARGS:---max-docs 10 --lottery 1 --calib-draws 1 --no-floor}" \
+      --out "$OUT/realscale_gate_${arch}_$card.json" 2>&1 | grep --line-buffered -v "Writing model shards\|Loading weights" | tail -20
+    rm -rf /dev/shm/rsg_fit
+  done
 fi
 stage "done"

@@ -4,13 +4,19 @@
     python -m lab.prefill_bench --arch mixtral --width tiny --layers 1 --batches 1x8 --out p.json  # CPU
 
 The model is a synthetic checkpoint's, built in memory (lab.synth: the published configuration cut to
---layers decoder layers, random normal(0, initializer_range) weights, bf16). Per batch shape B x T of
-random token ids, `model(ids).logits` is timed (CUDA events; median of --repeats after --warmup) for:
+--layers decoder layers, random normal(0, initializer_range) weights, bf16), and a quantised copy of it beside
+it, so all three paths are timed in one process, paired. Per batch shape B x T of random token ids,
+`model(ids).logits` (CUDA events) for:
   bf16     the model as built (transformers' default experts implementation: grouped_mm where available);
-  decode   after quantize_model(m, "rtn", --targets, --act), every int4 module on the decode kernels
-           (`prefill_rows(model, never)`), as scoring ran before the prefill path;
-  prefill  the same int4 model with every int4 module on the prefill path (`prefill_rows(model, 0)`).
-tokens/s = B * T / median; the ratios prefill/bf16 (the target: >= 0.8) and decode/bf16 are derived.
+  decode   the copy after quantize_model(m, "rtn", --targets, --act), every int4 module on the decode kernels
+           (`prefill_rows(model, never)`), as scoring runs by default;
+  prefill  the same int4 copy with every int4 module on the prefill path (`prefill_rows(model, 0)`).
+Paired rounds: after --warmup untimed calls of each path, --rounds rounds each time --repeats calls of every
+path, the paths' order rotated per round (bf16 decode prefill, decode prefill bf16, ...), so drift over the
+run (clocks, temperature, neighbours) reaches every path alike. Each path keeps its per-round medians
+(`round_medians_s`: drift shows as a trend along them); tokens/s = B * T / the median of its round medians;
+prefill/bf16 and decode/bf16 (the target: prefill >= 0.8) are the median of the per-round ratios, each
+round's ratio listed (`*_over_bf16_rounds`) with its min and max.
 `default_takes_prefill` says whether the default threshold (PREFILL_MIN_ROWS rows per decoded weight:
 B * T for a dense layer, B * T * k / E for an expert) sends the batch down the prefill path.
 
@@ -19,8 +25,11 @@ prefill against decode (what the prefill path's bf16 operands change), and each 
 (the quantisation itself), for scale.
 
 --sweep R1,R2,..: one Int4Linear (layer 0's first quantised attention projection, if any) and layer 0's
-Int4Experts (uniform random top-k routing) timed per call on R rows through both paths: where they
-cross is what PREFILL_MIN_ROWS should be.
+Int4Experts (uniform random top-k routing) timed per call on R rows through both paths, in the same paired
+rounds. `threshold` reads the crossover: per module the fewest rows from which the prefill path is faster at
+every larger swept row count, in PREFILL_MIN_ROWS's unit (rows per decoded weight: R for a dense layer,
+R * k / E for experts), and the larger of the two as the suggested PREFILL_MIN_ROWS (the default is not
+changed here).
 
 Bytes the prefill path adds per forward over bf16 weights: every int4 weight's decode reads 0.5625 bytes
 and writes 2 (`extra_bytes_per_forward`, all experts routed), predicted time at the card's bandwidth.
@@ -79,6 +88,27 @@ def time_calls(fn, dev, warmup: int, repeats: int):
     return statistics.median(times), times, out
 
 
+def paired_rounds(fns: dict, dev, warmup: int, rounds: int, repeats: int) -> tuple[dict, dict]:
+    """Time every fn of {name: fn} in alternating rounds (module doc): ({name: [median seconds per round]},
+    {name: the last result})."""
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    med, last = {n: [] for n in names}, {}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            m, _, last[name] = time_calls(fns[name], dev, 0, repeats)
+            med[name].append(m)
+    return med, last
+
+
+def ratio_summary(num: list, den: list) -> dict:
+    """Per-round speed ratios den / num (num, den: seconds per round) with their median, min and max."""
+    rs = [d / n for n, d in zip(num, den)]
+    return {"median": statistics.median(rs), "min": min(rs), "max": max(rs), "rounds": rs}
+
+
 def rel_diff(a: torch.Tensor, b: torch.Tensor) -> dict:
     """max|a - b| / max|b| and mean|a - b| / mean|b| (float32)."""
     d, bb = (a.float() - b.float()).abs(), b.float().abs()
@@ -109,8 +139,8 @@ def bandwidth(dev) -> float | None:
     return clock * 1e3 * bus / 8 * 2 if clock and bus else None
 
 
-def sweep(model, rows, dev, warmup, repeats) -> list:
-    """Per-call seconds of one Int4Linear and layer 0's Int4Experts on R rows, decode vs prefill."""
+def sweep(model, rows, dev, warmup, repeats, rounds: int = 1) -> list:
+    """Per-call seconds of one Int4Linear and layer 0's Int4Experts on R rows, decode vs prefill, paired rounds."""
     from int4lab.quantize.prefill import prefill_rows
     lin, ex = int4_modules(model)
     out = []
@@ -126,19 +156,46 @@ def sweep(model, rows, dev, warmup, repeats) -> list:
                 k = model.config.num_experts_per_tok
                 ids = torch.rand(R, mod.num_experts, device=dev).topk(k, -1).indices
                 args = (x, ids, torch.softmax(torch.randn(R, k, device=dev), -1))
-            row = {"module": name, "rows": R}
-            for path, n in (("decode", NEVER), ("prefill", 0)):
+            def call(n, mod=mod, args=args):
                 with prefill_rows(mod, n), torch.inference_mode():
-                    row[f"{path}_s"] = time_calls(lambda: mod(*args), dev, warmup, repeats)[0]
-            row["prefill_over_decode_speed"] = row["decode_s"] / row["prefill_s"]
+                    return mod(*args)
+            med, _ = paired_rounds({"decode": lambda: call(NEVER), "prefill": lambda: call(0)}, dev, warmup,
+                                   rounds, repeats)
+            row = {"module": name, "rows": R, "decode_s": statistics.median(med["decode"]),
+                   "prefill_s": statistics.median(med["prefill"]), "decode_round_medians_s": med["decode"],
+                   "prefill_round_medians_s": med["prefill"]}
+            r = ratio_summary(med["prefill"], med["decode"])
+            row["prefill_over_decode_speed"], row["prefill_over_decode_rounds"] = r["median"], r["rounds"]
             out.append(row)
     return out
 
 
+def threshold(rows: list, experts: int, top_k: int) -> dict:
+    """The sweep's crossover per module in rows per decoded weight (module doc), and the suggestion."""
+    out = {}
+    for name in ("attn", "experts"):
+        rs = sorted((r["rows"], r["prefill_over_decode_speed"]) for r in rows if r["module"] == name)
+        if not rs:
+            continue
+        cross = None
+        for i, (R, _) in enumerate(rs):
+            if all(v > 1 for _, v in rs[i:]):
+                cross = R
+                break
+        per_weight = None if cross is None else (cross if name == "attn" else cross * top_k / experts)
+        out[name] = {"crossover_rows": cross, "rows_per_weight": per_weight}
+    ws = [v["rows_per_weight"] for v in out.values()]
+    out["suggested_prefill_min_rows"] = max(ws) if ws and None not in ws else None
+    out["rule"] = ("fewest swept rows from which prefill is faster at every larger swept count; experts in rows "
+                   "x top_k / experts; suggestion: the larger (None: a module never crosses in the sweep)")
+    return out
+
+
 def run(arch="olmoe", layers=4, width="real", act="int8", targets="experts+attn", batches=((16, 256), (4, 1024)),
-        warmup=2, repeats=5, sweep_rows=(), seed=0, device=None, log=print) -> dict:
+        warmup=2, repeats=5, sweep_rows=(), seed=0, device=None, log=print, rounds=4) -> dict:
     """The receipt's payload (module doc)."""
     import contextlib
+    import copy
 
     from int4lab.quantize import kernels_on_cpu, quantize_model
     from int4lab.quantize.prefill import PREFILL_MIN_ROWS, prefill_rows
@@ -152,50 +209,47 @@ def run(arch="olmoe", layers=4, width="real", act="int8", targets="experts+attn"
         "attn": PREFILL_MIN_ROWS is not None and x.numel() >= PREFILL_MIN_ROWS,
         "experts": PREFILL_MIN_ROWS is not None and x.numel() * k >= PREFILL_MIN_ROWS * E}}
         for key, x in ids.items()}
-    logits = {}
-
-    def arm(name, ctx):
-        for key, x in ids.items():
-            if torch.device(dev).type == "cuda":
-                torch.cuda.reset_peak_memory_stats(dev)
-            with ctx(), torch.inference_mode():
-                med, times, out = time_calls(lambda: model(input_ids=x).logits, dev, warmup, repeats)
-            r = rows[key]
-            r[name] = {"median_s": med, "times_s": times, "tokens_per_s": x.numel() / med}
-            if torch.device(dev).type == "cuda":
-                r[name]["peak_gib"] = torch.cuda.max_memory_allocated(dev) / 2 ** 30
-            logits[name, key] = out
-            log(f"{name:8s} {key:>8s}: {x.numel() / med:12.0f} tokens/s ({med * 1e3:.2f} ms)")
-
-    arm("bf16", contextlib.nullcontext)
     t0 = time.time()
-    quantize_model(model, "rtn", targets, act, progress=False)
+    qmodel, _ = quantize_model(copy.deepcopy(model), "rtn", targets, act, progress=False)
     quant_s = time.time() - t0
-    on_cpu = (lambda: kernels_on_cpu(model)) if torch.device(dev).type == "cpu" else contextlib.nullcontext
+    cpu = torch.device(dev).type == "cpu"
 
-    def both(n):
-        @contextlib.contextmanager
-        def ctx():
-            with on_cpu(), prefill_rows(model, n):
-                yield
-        return ctx
+    def forward(m, n, x):
+        with (kernels_on_cpu(m) if cpu and n is not None else contextlib.nullcontext()), \
+                (prefill_rows(m, n) if n is not None else contextlib.nullcontext()), torch.inference_mode():
+            return m(input_ids=x).logits
 
-    arm("decode", both(NEVER))
-    arm("prefill", both(0))
-    for key, r in rows.items():
+    for key, x in ids.items():
+        fns = {"bf16": lambda: forward(model, None, x), "decode": lambda: forward(qmodel, NEVER, x),
+               "prefill": lambda: forward(qmodel, 0, x)}
+        if torch.device(dev).type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        med, last = paired_rounds(fns, dev, warmup, rounds, repeats)
+        r = rows[key]
+        for name in fns:
+            m = statistics.median(med[name])
+            r[name] = {"median_s": m, "round_medians_s": med[name], "tokens_per_s": x.numel() / m}
+            log(f"{name:8s} {key:>8s}: {x.numel() / m:12.0f} tokens/s ({m * 1e3:.2f} ms; rounds "
+                + " ".join(f"{v * 1e3:.2f}" for v in med[name]) + ")")
+        if torch.device(dev).type == "cuda":
+            r["peak_gib_all_paths"] = torch.cuda.max_memory_allocated(dev) / 2 ** 30
         for path in ("decode", "prefill"):
-            r[f"{path}_over_bf16"] = r[path]["tokens_per_s"] / r["bf16"]["tokens_per_s"]
-        r["logits"] = {"prefill_vs_decode": rel_diff(logits["prefill", key], logits["decode", key]),
-                       "decode_vs_bf16": rel_diff(logits["decode", key], logits["bf16", key]),
-                       "prefill_vs_bf16": rel_diff(logits["prefill", key], logits["bf16", key])}
-    logits.clear()
-    with (kernels_on_cpu(model) if torch.device(dev).type == "cpu" else contextlib.nullcontext()):
-        sw = sweep(model, sweep_rows, dev, warmup, repeats) if sweep_rows else []
-    xb, bw = extra_bytes(model), bandwidth(dev)
+            rs = ratio_summary(med[path], med["bf16"])
+            r[f"{path}_over_bf16"] = rs["median"]
+            r[f"{path}_over_bf16_rounds"] = {k2: rs[k2] for k2 in ("rounds", "min", "max")}
+        r["logits"] = {"prefill_vs_decode": rel_diff(last["prefill"], last["decode"]),
+                       "decode_vs_bf16": rel_diff(last["decode"], last["bf16"]),
+                       "prefill_vs_bf16": rel_diff(last["prefill"], last["bf16"])}
+    del model
+    with (kernels_on_cpu(qmodel) if cpu else contextlib.nullcontext()):
+        sw = sweep(qmodel, sweep_rows, dev, warmup, repeats, rounds) if sweep_rows else []
+    xb, bw = extra_bytes(qmodel), bandwidth(dev)
     return {
         "kind": "prefill_bench",
         "settings": {"arch": arch, "layers": layers, "width": width, "act": act, "targets": targets,
-                     "batches": list(ids), "warmup": warmup, "repeats": repeats, "seed": seed, "device": dev,
+                     "batches": list(ids), "warmup": warmup, "repeats": repeats, "rounds": rounds,
+                     "pairing": "bf16, decode and prefill in alternating rounds in one process, order rotated",
+                     "seed": seed, "device": dev,
                      "prefill_min_rows": PREFILL_MIN_ROWS, "experts": E, "top_k": k,
                      "experts_implementation": getattr(cfg, "_experts_implementation", None),
                      "attn_implementation": getattr(cfg, "_attn_implementation", None),
@@ -209,6 +263,7 @@ def run(arch="olmoe", layers=4, width="real", act="int8", targets="experts+attn"
         "memory_bytes_per_s": bw,
         "extra_s_predicted": xb / bw if bw else None,
         "sweep": sw,
+        "threshold": threshold(sw, E, k) if sw else None,
     }
 
 
@@ -240,7 +295,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--targets", choices=TARGETS, default="experts+attn")
     ap.add_argument("--batches", type=_batches, default=_batches("16x256,4x1024"), help="B x T shapes, e.g. 16x256")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5, help="timed forwards per arm and shape (median)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed forwards per path, shape and round (median)")
+    ap.add_argument("--rounds", type=int, default=4, help="paired rounds of every path (order rotated per round)")
     ap.add_argument("--sweep", type=_rows, default=[], help="row counts for the per-module crossover, e.g. 16,64,256")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None, help="default: cuda when available")
@@ -250,20 +306,24 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    if args.warmup < 0 or args.repeats < 1:
-        print("error: --warmup must be >= 0 and --repeats >= 1", file=sys.stderr)
+    if args.warmup < 0 or args.repeats < 1 or args.rounds < 1:
+        print("error: --warmup must be >= 0, --repeats >= 1 and --rounds >= 1", file=sys.stderr)
         return 2
     from int4lab.files import cli_out_ok
     from lab.provenance import portable_command, write_receipt
     if not cli_out_ok(args.out):                          # before anything is measured
         return 2
     payload = run(args.arch, args.layers, args.width, args.act, args.targets, args.batches, args.warmup,
-                  args.repeats, args.sweep, args.seed, args.device)
+                  args.repeats, args.sweep, args.seed, args.device, rounds=args.rounds)
     command = "python -m lab.prefill_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     write_receipt(args.out, payload, command=portable_command(command))
     for r in payload["rows"]:
-        print(f"{r['batch']}: prefill/bf16 {r['prefill_over_bf16']:.3f}, decode/bf16 {r['decode_over_bf16']:.3f}, "
-              f"logits prefill vs decode max_rel {r['logits']['prefill_vs_decode']['max_rel']:.3g}")
+        lo, hi = r["prefill_over_bf16_rounds"]["min"], r["prefill_over_bf16_rounds"]["max"]
+        print(f"{r['batch']}: prefill/bf16 {r['prefill_over_bf16']:.3f} (rounds {lo:.3f}..{hi:.3f}), decode/bf16 "
+              f"{r['decode_over_bf16']:.3f}, logits prefill vs decode max_rel "
+              f"{r['logits']['prefill_vs_decode']['max_rel']:.3g}")
+    if payload["threshold"]:
+        print(f"threshold: {payload['threshold']}")
     return 0
 
 

@@ -1,27 +1,34 @@
-"""The gate at real scale: the README's real-checkpoint command on truncated-depth synthetic checkpoints, its
-time and memory per layer, extrapolated to the published depth.
+"""The gate at real scale: the README's real-checkpoint command on synthetic checkpoints at the published widths,
+at truncated depths with its time and memory fitted per layer, or once at the published depth.
 
-    python -m lab.realscale_gate --arch olmoe --layers 2 4 --workdir /tmp/rsg \
-        --out data/receipts/realscale_gate_h100.json                                   # on a GPU
-    python -m lab.realscale_gate --arch qwen3_moe --layers 1 2 --device-map auto --max-memory 0=6GiB cpu=200GiB \
-        --workdir /tmp/rsg --out r.json                                                # GPU + host memory
+    python -m lab.realscale_gate --arch olmoe --layers 1 2 3 --workdir /dev/shm/rsg --out r.json      # on a GPU
+    python -m lab.realscale_gate --arch qwen3_moe --layers 1 2 3 --device-map auto \
+        --max-memory 0=70GiB cpu=100GiB --workdir /dev/shm/rsg --out r.json \
+        --gate-args="--max-docs 16 --lottery 1 --calib-draws 1 --no-floor"       # one card + host, quick settings
+    python -m lab.realscale_gate --arch olmoe --full --workdir /dev/shm/rsg --out full.json        # 16 layers
     python -m lab.realscale_gate --arch olmoe --layers 1 2 --width tiny --workdir /tmp/w --out r.json \
         --gate-args="--max-docs 10 --lottery 2 --calib-draws 3 --boot 100"             # CPU (tests)
 
 For each architecture and depth, `lab.synth` writes the published configuration truncated to that many decoder
-layers, and the gate runs on that directory exactly as the README's command does (`int4lab.gate.main` with
-`--scheme rtn gptq --targets experts experts+attn` and every other flag at its default: whole texts, 4 lottery
-tickets and 3 GPTQ draws per target, the precision floor, the kernel-parity check), plus --device-map /
---max-memory when given and any --gate-args (quick CPU tests only; recorded). Measured per depth: the
-gate's wall seconds by phase (the receipt's `timing`), peak GPU bytes (max_memory_allocated) and peak host
-RSS, bytes of the source and of each int4 arm, the groups, the padding.
+layers (safetensors shards of SHARD; /dev/shm keeps the write in memory), and the gate runs on that directory
+exactly as the README's command does (`int4lab.gate.main` with `--scheme rtn gptq --targets experts
+experts+attn` and every other flag at its default: whole texts, 16 lottery tickets and 3 GPTQ draws per target,
+the precision floor, the kernel-parity check), plus --device-map / --max-memory when given and any --gate-args
+(recorded). Measured per depth: the gate's wall seconds by phase (the receipt's `timing`), peak GPU bytes
+(max_memory_allocated) and peak host RSS, bytes of the source and of each int4 arm, the groups, the padding,
+GPTQ's column sweeps; and the same depth taken to the README defaults part by part (`lab.realscale_predict`),
+which is what quick --gate-args (fewer documents, tickets, draws) need.
 
-Each quantity q is fitted through the measured depths as q = fixed + layers x per_layer (`fit_depths`) and
-taken to the published depth (OLMoE 16, Qwen3-30B-A3B 48, Mixtral 32 layers), the arithmetic in the receipt.
+Fit mode (--layers): each quantity q is fitted through the measured depths as q = fixed + layers x per_layer
+(`fit_depths`) and taken to the published depth (OLMoE 16, Qwen3-30B-A3B 48, Mixtral 32 layers), the arithmetic
+in the receipt; `readme_defaults` holds the default-settings time and GPTQ's share at full depth.
 On one GPU without a device map the full-depth memory is predicted from the fitted parts by the gate's own
 group rule (`predict_groups`): how many arms a group holds on the card, the groups, the peak, and the extra
 source forwards the groups cost. "gate / forwards" is the gate's wall time over the time inside the forwards
 it ran (scoring, floor and GPTQ calibration); its target is <= 1.5.
+Full mode (--full): one run at the published depth, no warm-up (a user's run pays compilation too), reporting
+wall time with the checkpoint write, peaks, time by phase and gate / forwards beside an earlier fit's prediction
+(`realscale_predict.earlier_fit`).
 
 Depths run in increasing order; the receipt is rewritten after each one, so a timeout keeps what finished: its
 top-level "complete" stays false until every depth ran ("interrupted" names what stopped it), and the report
@@ -47,7 +54,7 @@ from pathlib import Path
 import torch
 
 from lab.realscale import fit_depths, phase
-from lab.synth import ARCHS, FULL_LAYERS, WIDTHS, write_checkpoint
+from lab.synth import ARCHS, FULL_LAYERS, WIDTHS, config_fields, write_checkpoint
 
 README_FLAGS = ["--scheme", "rtn", "gptq", "--targets", "experts", "experts+attn"]
 TARGET_S = {"olmoe": 600.0, "qwen3_moe": 3600.0, "mixtral": 3600.0}    # full-depth gate time targets
@@ -68,13 +75,19 @@ def gate_argv(ckpt, out, device: str, device_map=None, max_memory=None, extra=()
 def summarise(p: dict) -> dict:
     """What the receipt keeps of one gate payload: timing, bytes, groups, padding, verdicts."""
     arms = p["arms"]
-    kinds = {}
+    kinds, n_kind, sweep, gfw = {}, {}, 0.0, 0.0
     for a in arms.values():
         kinds[a["kind"]] = kinds.get(a["kind"], 0.0) + a["load_s"] + a["quantise_s"]
+        n_kind[a["kind"]] = n_kind.get(a["kind"], 0) + 1
+        if a["kind"] == "gptq":
+            rep = a["quant_report"]
+            sweep += sum(t.get("experts_pack_s", 0) + t.get("attn_pack_s", 0) for t in rep["timing"])
+            gfw += sum(t.get("calib_s", 0) + t.get("propagate_s", 0) for t in rep["timing"]) + rep["capture_s"]
     gpu = lambda b: (b or {}).get("cuda", 0)                                     # noqa: E731
     tm = {k: v for k, v in p["timing"].items() if k not in ("per_model_s", "note")}
     return {
-        "seconds": p["seconds"], "timing": tm, "build_s_by_kind": kinds, "arms": len(arms),
+        "seconds": p["seconds"], "timing": tm, "build_s_by_kind": kinds, "arms": len(arms), "arms_by_kind": n_kind,
+        "gptq_sweep_s": sweep, "gptq_forward_s": gfw,
         "gate_gpu_peak_bytes": p.get("gpu_peak_bytes"),
         "groups": [len(g["arms"]) for g in p["groups"]], "group_rule": p["settings"]["group_rule"],
         "gpu_source_bytes": gpu(p["source_bytes"]), "source_bytes": p["source_bytes"],
@@ -91,7 +104,8 @@ def summarise(p: dict) -> dict:
         "parity": p.get("parity"), "settings": p["settings"]}
 
 
-FITTED = ("gate_s", "score_s", "forward_s", "source_forward_s", "calibration_forward_s", "build_s", "floor_s",
+FITTED = ("gate_s", "default_gate_s", "gptq_sweep_default_s", "gptq_forward_default_s", "score_s", "forward_s",
+          "source_forward_s", "calibration_forward_s", "build_s", "floor_s",
           "bootstrap_s", "load_source_s", "gpu_peak_bytes", "host_peak_bytes", "gpu_source_bytes",
           "gpu_arm_bytes_max", "gpu_build_peak_bytes", "gpu_score_peak_bytes", "checkpoint_bytes", "synth_s")
 
@@ -106,6 +120,10 @@ def quantities(d: dict) -> dict:
         q[k] = tm.get(k)
     for k in ("gpu_source_bytes", "gpu_arm_bytes_max", "gpu_build_peak_bytes", "gpu_score_peak_bytes"):
         q[k] = g[k]
+    dft = d.get("defaults") or {}
+    q["default_gate_s"] = (dft.get("seconds") or {}).get("total")
+    q["gptq_sweep_default_s"] = (dft.get("gptq") or {}).get("sweep_s")
+    q["gptq_forward_default_s"] = (dft.get("gptq") or {}).get("calibration_forward_s")
     return q
 
 
@@ -122,7 +140,7 @@ def predict_groups(card: float, src: float, arm: float, build_peak: float, score
                        f" = {k}" + (f"; groups = ceil({arms} / {k}) = {groups}" if k else "; does not fit")}
 
 
-def extrapolate_arch(arch: str, depths: dict, card: float | None, device_map) -> dict:
+def extrapolate_arch(arch: str, depths: dict, card: float | None, device_map, max_memory=None) -> dict:
     """Fits of every quantity over the measured depths, the full-depth ratios and targets."""
     full = FULL_LAYERS[arch]
     ok = {int(L): d for L, d in depths.items() if d.get("gate")}
@@ -150,24 +168,41 @@ def extrapolate_arch(arch: str, depths: dict, card: float | None, device_map) ->
             gate_s += max(0.0, extra)
         out["memory"] = pg
     out["gate_s_full_depth"] = gate_s
+    if "default_gate_s" in f:
+        out["readme_defaults"] = {"gate_s": f["default_gate_s"], "gptq_sweep_s": f.get("gptq_sweep_default_s"),
+                                  "gptq_calibration_forward_s": f.get("gptq_forward_default_s"),
+                                  "gptq_share": (f.get("gptq_sweep_default_s") or 0) / f["default_gate_s"]
+                                  if f["default_gate_s"] else None,
+                                  "note": "the README command at its defaults, each depth's parts scaled by "
+                                          "lab.realscale_predict, then fitted to the full depth"}
     out["targets"] = {"gate_s": {"value": gate_s, "target": TARGET_S[arch], "met": gate_s <= TARGET_S[arch]},
                       "gate_over_forwards": {"value": out["gate_over_forwards"]["value"], "target": TARGET_RATIO,
                                              "met": (out["gate_over_forwards"]["value"] or math.inf) <= TARGET_RATIO}}
     if "memory" in out:
         out["targets"]["fits_one_card"] = {"met": out["memory"]["fits"], "card_bytes": card}
+    cap = gpu_cap(max_memory)
+    if device_map and cap and f.get("gpu_source_bytes") is not None:
+        out["device_map_cap"] = {
+            "gpu_cap_bytes": cap, "source_gpu_bytes_full_depth": f["gpu_source_bytes"],
+            "source_exceeds_cap": f["gpu_source_bytes"] > cap,
+            "note": "where the full-depth source exceeds the cap, accelerate keeps the layers past it on the host; "
+                    "a measured depth whose source fits the card has no offload in it, so the fit does not "
+                    "include the cost of offloaded layers (their host-to-device copies)"}
     return out
 
 
+SHARD = "4GB"            # safetensors shard size at real width: few files, each written in one pass
 WARMUP_ARGS = ["--max-docs", "10", "--texts", "ood", "--lottery", "0", "--calib-draws", "1", "--no-floor", "--boot",
                "100"]
 
 
 def measure_depth(arch: str, layers: int, workdir, width: str, device: str, device_map=None, max_memory=None,
-                  extra=(), log=print, warmup: bool = False) -> dict:
+                  extra=(), log=print, warmup: bool = False, predict=None) -> dict:
     """One synthetic checkpoint and one gate run on it; the directory this call creates is removed after.
     warmup: first a small gate on the same checkpoint (WARMUP_ARGS: ten documents of one text, one arm per
     scheme and target), so one-time costs (kernel compilation, first CUDA allocations) stay out of the
-    measured run, where they would pass for a fixed cost of this depth."""
+    measured run, where they would pass for a fixed cost of this depth. predict: (full_text_size,
+    default_arms) of `lab.realscale_predict`, to take this depth to the README defaults."""
     from int4lab import gate
     Path(workdir).mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{arch}-{layers}l-", dir=workdir))
@@ -177,7 +212,7 @@ def measure_depth(arch: str, layers: int, workdir, width: str, device: str, devi
         synth = {}
         with phase(synth):
             synth.update(write_checkpoint(arch, layers, ckpt, width, seed=0,
-                                          max_shard_size="2GB" if width == "real" else "1MB"))
+                                          max_shard_size=SHARD if width == "real" else "1MB"))
         synth.pop("config", None)
         rec["synth"] = synth
         log(f"{arch} {layers} layers: checkpoint {synth['bytes'] / 2 ** 30:.2f} GiB written in {synth['s']:.1f} s")
@@ -200,6 +235,13 @@ def measure_depth(arch: str, layers: int, workdir, width: str, device: str, devi
             g["gpu_peak_bytes"] = max(g["gpu_peak_bytes"] or 0, g["gate_gpu_peak_bytes"])
         g["table"] = table.getvalue().splitlines()[-40:]
         rec["gate"] = g
+        if predict is not None:
+            from lab.realscale_predict import default_seconds, gptq_share
+            try:
+                rec["defaults"] = {"seconds": default_seconds(g, *predict), "gptq": gptq_share(g, predict[1]),
+                                   "text": predict[0], "arms": predict[1]}
+            except ValueError as e:                           # a kind of arm not measured: no prediction
+                rec["defaults"] = {"error": str(e)}
         log(f"{arch} {layers} layers: gate {g['s']:.1f} s, GPU peak {(g['gpu_peak_bytes'] or 0) / 2 ** 30:.1f} GiB, "
             f"host peak {g['host_peak_bytes'] / 2 ** 30:.1f} GiB, groups {g['groups']}, "
             f"gate / forwards {g['seconds'] / max(1e-9, g['timing']['forward_s'] + g['timing']['calibration_forward_s']):.2f}")
@@ -220,7 +262,13 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m lab.realscale_gate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", nargs="+", required=True, choices=ARCHS)
-    ap.add_argument("--layers", nargs="+", type=int, required=True, help="decoder layers of each measured depth")
+    ap.add_argument("--layers", nargs="+", type=int, default=None,
+                    help="decoder layers of each measured depth (a fit needs two or more; not with --full)")
+    ap.add_argument("--full", action="store_true",
+                    help="one run at the published depth, no fit and no warm-up, beside an earlier fit's prediction")
+    ap.add_argument("--compare", default=None,
+                    help="--full: the receipt of the earlier fit (default data/receipts/realscale_gate_<arch>_h100.json"
+                         " where it exists)")
     ap.add_argument("--workdir", required=True, help="where a fresh directory per depth is made (and removed)")
     ap.add_argument("--out", required=True, help="receipt path (rewritten after every depth)")
     ap.add_argument("--width", choices=WIDTHS, default="real")
@@ -231,39 +279,65 @@ def parser() -> argparse.ArgumentParser:
                     help="card memory for the full-depth prediction (default: this GPU's total memory)")
     ap.add_argument("--deadline", type=float, default=None,
                     help="seconds for the whole run: a depth predicted not to fit what is left is skipped")
-    ap.add_argument("--gate-args", default="", help="extra gate flags (quick tests only), e.g. '--max-docs 10'")
+    ap.add_argument("--gate-args", default="",
+                    help="extra gate flags (fewer documents or arms; each depth is also taken to the defaults by "
+                         "lab.realscale_predict), e.g. '--max-docs 20 --lottery 1'")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false",
                     help="skip the small unmeasured gate before each architecture's first depth")
     return ap
 
 
-def _check_gate_args(text: str, extra: list) -> None:
-    """The extra gate flags parse as the gate's own (its parser's message goes to stderr first)."""
+def gpu_cap(max_memory) -> int | None:
+    """Bytes --max-memory allows GPU 0 (None without a cap)."""
+    from accelerate.utils import convert_file_size_to_int
+
+    from int4lab.gate.models import parse_max_memory
+    size = (parse_max_memory(max_memory) or {}).get(0)
+    return convert_file_size_to_int(size) if size else None
+
+
+def check_args(args) -> list:
+    """The depths to run per architecture, {arch: [layers]}; ValueError naming the flag and the rule."""
     from int4lab.gate.cli import parser as gate_parser
+    if args.full and args.layers:
+        raise ValueError("--layers: not with --full (the published depth of each --arch)")
+    if not args.full and not args.layers:
+        raise ValueError("--layers: give the depths to measure, or --full")
+    out = {}
+    for arch in args.arch:
+        layers = [FULL_LAYERS[arch]] if args.full else sorted(set(args.layers))
+        bad = [L for L in layers if not 1 <= L <= FULL_LAYERS[arch]]
+        if bad:
+            raise ValueError(f"--layers must be in [1, {FULL_LAYERS[arch]}] for {arch}, got {bad}")
+        out[arch] = layers
+    if args.max_memory and not args.device_map:
+        raise ValueError("--max-memory: needs --device-map (accelerate places the layers by it)")
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            gate_parser().parse_args(["--model", "olmoe", *README_FLAGS, *extra])
+        with contextlib.redirect_stderr(io.StringIO()):
+            gate_parser().parse_args(["--model", "x", *README_FLAGS, *shlex.split(args.gate_args)])
     except SystemExit:
-        raise ValueError(f"--gate-args {text!r}: not flags the gate accepts") from None
+        raise ValueError(f"--gate-args: not flags the gate takes: {args.gate_args!r}") from None
+    return out
+
+
+def window_of(arch: str, width: str, extra) -> int:
+    """The scoring window the gate will use: --window in extra, else the synthetic config's context."""
+    from int4lab.gate.cli import parser as gate_parser
+    w = gate_parser().parse_args(["--model", "x", *extra]).window
+    return w or config_fields(arch, 1, width)["max_position_embeddings"]
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    layers = sorted(set(args.layers))
-    for arch in args.arch:
-        bad = [L for L in layers if not 1 <= L <= FULL_LAYERS[arch]]
-        if bad:
-            print(f"error: --layers must be in [1, {FULL_LAYERS[arch]}] for {arch}, got {bad}", file=sys.stderr)
-            return 2
-    try:                                         # before anything is built: where the receipt and the scratch go
+    try:                              # before anything is built: the flags, where the receipt and the scratch go
+        plan = check_args(args)
         from int4lab.files import check_dir_path, check_out_path
-        extra = shlex.split(args.gate_args)
         check_out_path(args.out)
         check_dir_path(args.workdir, flag="--workdir")
-        _check_gate_args(args.gate_args, extra)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    extra = shlex.split(args.gate_args)
     t_start = time.time()
 
     def log(msg):
@@ -275,14 +349,17 @@ def main(argv=None) -> int:
         argv if argv is not None else sys.argv[1:]))
     settings = {"readme_flags": README_FLAGS, "gate_args": extra, "width": args.width, "device": args.device,
                 "device_map": args.device_map, "max_memory": args.max_memory, "card_bytes": card,
+                "mode": "full depth" if args.full else "fit",
                 "targets": {"gate_s": TARGET_S, "gate_over_forwards": TARGET_RATIO},
                 "extrapolation": "q = fixed + layers x per_layer through the measured depths (least squares)"}
     payload = {"settings": settings, "complete": False, "archs": {}}   # complete: set once every depth ran
     failed = 0
+    from lab.realscale_predict import default_arms, earlier_fit, full_text_size
     old_handler = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))    # `timeout` stops with SIGTERM
     try:
-        for arch in args.arch:
+        for arch, layers in plan.items():
             a = payload["archs"].setdefault(arch, {"full_layers": FULL_LAYERS[arch], "depths": {}})
+            predict = (full_text_size(window_of(arch, args.width, extra)), default_arms(README_FLAGS))
             prev = None
             for L in layers:
                 if args.deadline and prev:
@@ -294,12 +371,15 @@ def main(argv=None) -> int:
                         continue
                 log(f"== {arch}: {L} of {FULL_LAYERS[arch]} layers, {args.width} width")
                 rec = measure_depth(arch, L, args.workdir, args.width, args.device, args.device_map, args.max_memory,
-                                    extra, log, warmup=args.warmup and prev is None)
+                                    extra, log, warmup=args.warmup and not args.full and prev is None, predict=predict)
                 a["depths"][str(L)] = rec
                 failed += "error" in rec
                 if rec.get("gate"):
                     prev = (L, rec["gate"]["s"] + rec["synth"]["s"])
-                a["extrapolation"] = extrapolate_arch(arch, a["depths"], card, args.device_map)
+                if args.full:
+                    a["full"] = full_record(rec, earlier_fit(args.compare, arch))
+                else:
+                    a["extrapolation"] = extrapolate_arch(arch, a["depths"], card, args.device_map, args.max_memory)
                 write(args.out, payload, command)
                 log(f"receipt written: {args.out}")
     except BaseException as e:               # Ctrl-C, SIGTERM, an error: what finished is kept, marked partial
@@ -311,6 +391,24 @@ def main(argv=None) -> int:
     payload["complete"] = True
     write(args.out, payload, command)
     return 1 if failed else 0
+
+
+def full_record(rec: dict, earlier: dict | None) -> dict:
+    """What a full-depth run reports: wall time (checkpoint included), peaks, time by phase, gate / forwards,
+    and the earlier fit's prediction beside it."""
+    g = rec.get("gate")
+    if not g:
+        return {"error": rec.get("error")}
+    tm = g["timing"]
+    fw = tm["forward_s"] + tm["calibration_forward_s"]
+    return {"wall_s": rec["synth"]["s"] + g["s"], "checkpoint_s": rec["synth"]["s"], "gate_s": g["s"],
+            "gpu_peak_bytes": g["gpu_peak_bytes"], "host_peak_bytes": g["host_peak_bytes"],
+            "phases": {"load_source_s": tm["load_source_s"], **{f"build_{k}_s": v for k, v in
+                                                                 g["build_s_by_kind"].items()},
+                       "score_s": tm["score_s"], "floor_s": tm["floor_s"], "bootstrap_s": tm["bootstrap_s"],
+                       "parity_s": tm["parity_s"], "gptq_sweep_s": g["gptq_sweep_s"]},
+            "arms": g["arms_by_kind"], "groups": g["groups"],
+            "gate_over_forwards": g["seconds"] / fw if fw else None, "earlier_fit": earlier}
 
 
 if __name__ == "__main__":

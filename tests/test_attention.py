@@ -38,10 +38,11 @@ def counters_zero():
     return all(int(c.abs().sum()) == 0 for _, c in launch.WORKSPACES.values())
 
 
-def check_output(out, ref):
-    """out bf16 within one bf16 rounding of the float64 reference, plus float32 sums' error at the row's scale."""
+def check_output(out, ref, vmax):
+    """out bf16 within one bf16 rounding of the float64 reference, plus the weights' two-bf16 error (2^-16 of
+    each, so at most 2^-16 max|V| in sum) and float32 sums' error: 2^-14 max|V| in all."""
     r = ref.view(out.shape[0], -1)
-    tol = BF16_ULP * r.abs() + 1e-5 * r.abs().amax(-1, keepdim=True)
+    tol = BF16_ULP * r.abs() + 2 ** -14 * vmax
     err = (out.cpu().double() - r).abs()
     assert (err <= tol).all(), f"max err {err.max():.3g}, max |ref| {r.abs().max():.3g}"
 
@@ -73,7 +74,7 @@ def test_decode_attention_matches_its_contract(device, B, HQ, HKV, D, C, pos, no
     else:                                                                   # the norm's sum order: an ulp, rarely
         d = (kc.cpu().float() - kr.float()).abs()
         assert (d <= 2 * 2 ** -7 * kr.float().abs()).all() and (d == 0).float().mean() >= 0.95
-    check_output(out, ref)
+    check_output(out, ref, max(vc.abs().max().item(), v.abs().max().item()))
 
 
 def test_mask_hides_slots_and_splits_agree(device):
@@ -88,7 +89,7 @@ def test_mask_hides_slots_and_splits_agree(device):
                                      block_n=16))
     ref = decode_attention_ref(q, k, v, cos, sin, kc, vc, pos, mask=mask)[0]
     for o in outs:
-        check_output(o, ref)
+        check_output(o, ref, max(vc.abs().max().item(), v.abs().max().item()))
     assert plan_splits(1, 4, 256, torch.device("cpu"))[0] == 1                 # short context, one device SM
     assert plan_splits(1, 4, 4096, torch.device("cpu"), splits=7) == (7, 640)
 
@@ -142,8 +143,9 @@ ARCHS = ("mixtral", "olmoe", "qwen3_moe")
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fused_attention_keeps_the_logits_and_the_cache(device, arch, monkeypatch):
     """fuse_decode with the attention launch against fuse_decode without it: a prefill (the model's own forward)
-    then decode steps over a StaticCache with the step's boolean mask; the first layer's cache is bit-identical
-    (its inputs are), the logits within the bf16 roundings of attention's output."""
+    then decode steps over a StaticCache with the step's boolean mask; the first layer's cache holds transformers'
+    values (its inputs are the same; k up to the norm's sum order), the logits within the bf16 roundings of
+    attention's output."""
     from transformers import StaticCache
     from test_quantize import tiny_model
     m, _ = Q.quantize_model(tiny_model(arch, dtype=torch.bfloat16).to(device), "rtn", "experts+attn", progress=False)
@@ -174,7 +176,12 @@ def test_fused_attention_keeps_the_logits_and_the_cache(device, arch, monkeypatc
     assert len(calls) == 2 * 2                                              # 2 layers x 2 steps took the launch
     for a, b in zip(la, lb):
         assert (a - b).abs().max() <= 4 * 2 ** -8 * a.abs().max()
-    assert torch.equal(ca.layers[0].keys, cb.layers[0].keys) and torch.equal(ca.layers[0].values, cb.layers[0].values)
+    assert torch.equal(ca.layers[0].values, cb.layers[0].values)
+    ka, kb = ca.layers[0].keys.float(), cb.layers[0].keys.float()
+    if arch == "mixtral":                                                   # no q/k norm: rope's bits
+        assert torch.equal(ka, kb)
+    else:                                                                   # the norm's sum order: an ulp, rarely
+        assert ((ka - kb).abs() <= 2 ** -7 * ka.abs()).all() and (ka == kb).float().mean() >= 0.99
     assert [int(x.cumulative_length) for x in ca.layers] == [int(x.cumulative_length) for x in cb.layers] == [5, 5]
 
 

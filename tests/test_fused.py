@@ -104,9 +104,11 @@ def test_fuse_decode_replaces_the_pieces_and_keeps_the_logits(device, arch):
     m = quantised(arch, device)
     f = Q.fuse_decode(copy.deepcopy(m))
     lay = f.model.layers[0]
-    assert f.int4_fused == {"qkv": 2, "router": 2, "norms": f.int4_fused["norms"], "attention": 2, "left": []}
+    assert f.int4_fused == {"qkv": 2, "router": 2, "norms": f.int4_fused["norms"], "attention": 2, "add_norm": 2,
+                           "left": []}
     assert f.int4_fused["norms"] == (5 if arch == "mixtral" else 9)        # 2 per layer (+ q/k norms) + the final
     assert isinstance(lay.mlp.gate, Q.FusedRouter) and isinstance(lay.input_layernorm, Q.FusedRMSNorm)
+    assert type(lay).__name__ == "FusedDecoderLayer" and type(lay.self_attn).__name__ == "FusedAttention"
     assert lay.self_attn.q_proj.qkv is lay.self_attn.k_proj.qkv is lay.self_attn.qkv_proj
     # two sequences on a GPU; one of 3 tokens through the CPU interpreter (each kernel program runs in Python)
     ids = torch.randint(0, 256, (2, 5) if device != "cpu" else (1, 3), device=device)
@@ -141,7 +143,8 @@ def test_fused_model_generates_with_a_static_cache_and_compiles(device):
     assert torch.equal(eager, compiled)
     assert seen.count("int4lab.linear.default") == 4                        # qkv and o, two layers
     assert seen.count("int4lab.router.default") == 2 and seen.count("int4lab.moe.default") == 2
-    assert seen.count("int4lab.rms_norm.default") == 9
+    assert seen.count("int4lab.rms_norm.default") == 7                      # + 2 post-attention norms in
+    assert seen.count("int4lab.add_rms_norm.default") == 2                  # add_rms_norm (FusedDecoderLayer)
 
 
 def test_router_probe_refuses_what_it_cannot_compute():

@@ -326,8 +326,8 @@ def test_decode_parity_through_the_kernels(arch, tok):
 def short_documents(mp, chars=400):
     """Score only the first `chars` characters of each document: the gate needs MIN_DOCS documents per text,
     and ten short ones cost what one whole document did."""
-    import int4lab.gate.run as gate_run
-    mp.setattr(gate_run, "documents", lambda split: [d[:chars] for d in gate.documents(split)])
+    import int4lab.gate.sources as gate_sources
+    mp.setattr(gate_sources, "documents", lambda split: [d[:chars] for d in gate.documents(split)])
 
 
 PLAN = dict(schemes=["rtn", "gptq"], lottery=2, calib_draws=3)

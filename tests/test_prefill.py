@@ -355,6 +355,18 @@ def test_bad_arguments_are_refused(device):
 
 # ------------------------------------------------------------------------------------------ the lab script
 
+def test_prefill_bench_threshold_reads_the_crossover():
+    from lab.prefill_bench import threshold
+    rows = [{"module": "attn", "rows": R, "prefill_over_decode_speed": v} for R, v in ((16, 0.5), (64, 1.2),
+                                                                                      (256, 0.9), (1024, 2.0))]
+    rows += [{"module": "experts", "rows": R, "prefill_over_decode_speed": v} for R, v in ((64, 0.8), (256, 1.5))]
+    t = threshold(rows, experts=64, top_k=8)
+    assert t["attn"] == {"crossover_rows": 1024, "rows_per_weight": 1024}          # 256 is slower again
+    assert t["experts"] == {"crossover_rows": 256, "rows_per_weight": 256 * 8 / 64}
+    assert t["suggested_prefill_min_rows"] == 1024
+    assert threshold(rows[:1], 64, 8)["suggested_prefill_min_rows"] is None
+
+
 def test_prefill_bench_runs_end_to_end_at_tiny_width(tmp_path, device):
     """lab.prefill_bench on a 1-layer tiny Mixtral, 4 tokens (on a CPU the kernels run in the interpreter): the
     receipt holds the three arms, the ratios, the logits differences and the sweep."""
@@ -363,14 +375,22 @@ def test_prefill_bench_runs_end_to_end_at_tiny_width(tmp_path, device):
     from lab.prefill_bench import main
     out = tmp_path / "p.json"
     assert main(["--arch", "mixtral", "--width", "tiny", "--layers", "1", "--batches", "1x4", "--warmup", "0",
-                 "--repeats", "1", "--sweep", "2", "--device", device, "--out", str(out)]) == 0
+                 "--repeats", "1", "--rounds", "2", "--sweep", "2,8", "--device", device, "--out", str(out)]) == 0
     rec = json.loads(out.read_text())
     (row,) = rec["rows"]
     assert row["tokens"] == 4 and row["default_takes_prefill"] == {"attn": False, "experts": False}
     assert all(row[a]["tokens_per_s"] > 0 for a in ("bf16", "decode", "prefill"))
-    assert row["prefill_over_bf16"] == row["prefill"]["tokens_per_s"] / row["bf16"]["tokens_per_s"]
+    # paired rounds: each path's per-round medians, the ratio the median of the rounds' ratios
+    assert all(len(row[a]["round_medians_s"]) == 2 for a in ("bf16", "decode", "prefill"))
+    ratios = [b / p for p, b in zip(row["prefill"]["round_medians_s"], row["bf16"]["round_medians_s"])]
+    assert row["prefill_over_bf16_rounds"]["rounds"] == ratios
+    assert row["prefill_over_bf16"] == pytest.approx(sum(ratios) / 2)          # the median of two
+    assert row["prefill_over_bf16_rounds"]["min"] <= row["prefill_over_bf16"] <= row["prefill_over_bf16_rounds"]["max"]
     d = row["logits"]
     # the prefill path moves the logits far less than int4 quantisation itself does
     assert 0 < d["prefill_vs_decode"]["max_rel"] < d["decode_vs_bf16"]["max_rel"] / 4
-    assert [(r["module"], r["rows"]) for r in rec["sweep"]] == [("attn", 2), ("experts", 2)]
+    assert [(r["module"], r["rows"]) for r in rec["sweep"]] == [("attn", 2), ("attn", 8), ("experts", 2),
+                                                                ("experts", 8)]
+    assert set(rec["threshold"]) >= {"attn", "experts", "suggested_prefill_min_rows", "rule"}
+    assert rec["settings"]["rounds"] == 2
     assert "lab/prefill_bench.py" in rec["provenance"]["sources"]["files"] and rec["provenance"]["command"].startswith("python -m lab.prefill_bench")

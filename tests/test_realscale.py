@@ -281,3 +281,95 @@ def test_realscale_gate_runs_the_readme_command_on_the_cpu(tmp_path, monkeypatch
     assert set(e["targets"]) >= {"gate_s", "gate_over_forwards"}
     assert list(work.iterdir()) == []                   # each depth's directory removed, nothing else touched
     assert rg.main(["--arch", "olmoe", "--layers", "17", "--workdir", str(work), "--out", str(out)]) == 2
+
+
+# ---------------------------------------------------------------------------------------------- drivers' logic
+
+def _args(*argv):
+    from lab import realscale_gate as rg
+    return rg.parser().parse_args(["--workdir", "w", "--out", "o", *argv])
+
+
+def test_realscale_gate_argument_checks():
+    from lab import realscale_gate as rg
+    assert rg.check_args(_args("--arch", "qwen3_moe", "mixtral", "--layers", "3", "1", "2", "2")) == {
+        "qwen3_moe": [1, 2, 3], "mixtral": [1, 2, 3]}
+    assert rg.check_args(_args("--arch", "olmoe", "mixtral", "--full")) == {"olmoe": [16], "mixtral": [32]}
+    for argv, msg in ((("--arch", "olmoe", "--full", "--layers", "2"), "not with --full"),
+                      (("--arch", "olmoe"), "give the depths to measure"),
+                      (("--arch", "olmoe", "mixtral", "--layers", "20"), r"in \[1, 16\] for olmoe"),
+                      (("--arch", "olmoe", "--layers", "1", "--max-memory", "0=1GiB"), "needs --device-map"),
+                      (("--arch", "olmoe", "--layers", "1", "--gate-args=--no-such-flag"), "not flags the gate takes")):
+        with pytest.raises(ValueError, match=msg):
+            rg.check_args(_args(*argv))
+    assert rg.main(["--arch", "olmoe", "--workdir", "w", "--out", "o"]) == 2
+    assert rg.window_of("qwen3_moe", "real", []) == 40960 and rg.window_of("olmoe", "real", ["--window", "64"]) == 64
+    assert rg.gpu_cap(["0=70GiB", "cpu=100GiB"]) == 70 * 2 ** 30 and rg.gpu_cap(None) is None
+
+
+def _summary(layers, tokens=1000, docs=20):
+    """A depth's summary as realscale_gate.summarise writes it, with times linear in the layers."""
+    return {"arms": 8, "arms_by_kind": {"rtn": 2, "lottery": 2, "gptq": 4}, "groups": [5, 3],
+            "build_s_by_kind": {"rtn": 1.0 * layers, "lottery": 1.2 * layers, "gptq": 8.0 * layers},
+            "gptq_sweep_s": 4.0 * layers, "gptq_forward_s": 2.0 * layers,
+            "texts": {"a": {"tokens": tokens // 2, "docs": docs // 2}, "b": {"tokens": tokens // 2, "docs": docs // 2}},
+            "timing": {"score_s": 10.0 * layers, "floor_s": 0.0, "bootstrap_s": 0.8, "load_source_s": 2.0,
+                       "parity_s": 0.5}}
+
+
+def test_default_seconds_scale_each_part_by_its_unit_cost():
+    from lab.realscale_predict import default_seconds, gptq_share
+    arms = {"rtn": 2, "lottery": 32, "gptq": 6}
+    full = {"tokens": 250000, "docs": 160}
+    d = default_seconds(_summary(2), full, arms)
+    assert d["build_s"] == pytest.approx(2.0 / 2 * 2 + 2.4 / 2 * 32 + 16.0 / 4 * 6)
+    passes = 8 + 2                                                    # two groups, one source pass each
+    unit = 20.0 / (passes * 1000)
+    assert d["score_s"] == pytest.approx(unit * (40 + 8) * 250000)    # 40 arms, ceil(40 / 5) = 8 groups
+    assert d["floor_s"] == pytest.approx(unit * 2 * 250000 / 16)      # not measured: estimated
+    assert d["bootstrap_s"] == pytest.approx(0.8 * 40 / 8 * 160 / 20)
+    assert d["fixed_s"] == 2.5
+    assert d["total"] == pytest.approx(d["build_s"] + d["score_s"] + d["floor_s"] + d["bootstrap_s"] + 2.5)
+    assert "x 48 passes (40 arms, 8 groups)" in d["formulas"]["score_s"]
+    g = gptq_share(_summary(3), arms)
+    assert (g["sweep_s"], g["calibration_forward_s"]) == pytest.approx((12.0 / 4 * 6, 6.0 / 4 * 6))
+    with pytest.raises(ValueError, match="arms of kind 'lottery' were not measured"):
+        default_seconds({**_summary(1), "arms_by_kind": {"rtn": 2, "gptq": 4}}, full, arms)
+    # the fit of per-depth defaults through three depths is exact for linear parts
+    from lab.realscale import fit_depths
+    pts = {L: default_seconds(_summary(L), full, arms)["total"] for L in (1, 2, 3)}
+    f = fit_depths(pts, 48)
+    assert f["full_depth"] == pytest.approx(default_seconds(_summary(48), full, arms)["total"])
+
+
+def test_earlier_fit_reads_the_committed_receipt_by_field(tmp_path):
+    from lab.realscale_predict import earlier_fit
+    assert earlier_fit(tmp_path / "absent.json", "olmoe") is None
+    (tmp_path / "bad.json").write_text('{"archs": {}}')
+    assert earlier_fit(tmp_path / "bad.json", "olmoe") is None
+    e = earlier_fit(None, "olmoe")
+    if e is not None:                                                 # the receipt may be regenerated away
+        assert e["gate_s"] > 0 and len(e["depths"]) >= 2 and e["receipt"] == "realscale_gate_olmoe_h100.json"
+
+
+def test_realscale_gate_full_depth_on_the_cpu(tmp_path, monkeypatch):
+    from lab import realscale_gate as rg
+    from lab import realscale_predict as rp
+    short_documents(monkeypatch)
+    monkeypatch.setattr(rp, "full_text_size", lambda window: {"tokens": 5000, "docs": 40})
+    monkeypatch.setitem(rg.FULL_LAYERS, "olmoe", 2)         # "published depth" 2: the same path, CPU-sized
+
+    out, work = tmp_path / "full.json", tmp_path / "w"
+    rc = rg.main(["--arch", "olmoe", "--full", "--width", "tiny", "--workdir", str(work), "--out", str(out),
+                  "--gate-args=--texts ood --max-docs 10 --lottery 1 --calib-draws 1 --boot 100 --parity-steps 0 "
+                  "--calib-tokens 512 --min-rows 4 --no-floor"])
+    assert rc == 0
+    a = json.loads(out.read_text())["archs"]["olmoe"]
+    f = a["full"]
+    assert list(a["depths"]) == ["2"] and "warmup" not in a["depths"]["2"] and "extrapolation" not in a
+    assert f["arms"] == {"rtn": 2, "lottery": 2, "gptq": 2} and f["wall_s"] == pytest.approx(
+        f["checkpoint_s"] + f["gate_s"])
+    assert f["phases"]["gptq_sweep_s"] > 0 and f["gate_over_forwards"] > 1 and f["host_peak_bytes"] > 0
+    assert a["depths"]["2"]["defaults"]["arms"] == {"rtn": 2, "lottery": 32, "gptq": 6}
+    assert (f["earlier_fit"] is None) == (rp.earlier_fit(None, "olmoe") is None)
+    assert list(work.iterdir()) == []

@@ -13,7 +13,7 @@ SCRIPT = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from int4lab.kernels.norm import rms_norm_kernel
+from int4lab.kernels.norm import add_rms_norm_kernel, rms_norm_kernel
 from int4lab.kernels.router import router_topk_kernel
 
 def comp(fn, sig, cst):
@@ -28,6 +28,9 @@ for out in (0, 1, 2):                      # float32, bfloat16, float16 outputs
               WTS=out, USE_LIBDEVICE=True))
     comp(rms_norm_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", N="i32", stride_x="i32", eps="fp32"),
          dict(BLOCK=2048, OUT=out, USE_LIBDEVICE=True))
+    comp(add_rms_norm_kernel, dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", s_ptr="*bf16", y_ptr="*bf16",
+                                   N="i32", stride_x="i32", stride_r="i32", eps="fp32"),
+         dict(BLOCK=4096, OUT=out, USE_LIBDEVICE=True))
     print("compiled", out)
 """
 

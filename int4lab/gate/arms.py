@@ -20,6 +20,7 @@ import torch
 from ..quantize import Scheme
 
 DITHER = 0.1               # the lottery's dither amplitude, in units of the block scale
+LOTTERY = 16              # tickets per round-to-nearest arm: the rounding band's statistics need at least 16
 SCORE_RESERVE = 1 << 30    # bytes kept free for scoring besides the logits (forward activations, chunks)
 
 
@@ -44,7 +45,7 @@ class Arm:
         return Scheme("rtn", self.scheme.targets, self.scheme.act).name
 
 
-def plan_arms(schemes=("rtn",), targets=("experts",), acts=("int8",), lottery: int = 4,
+def plan_arms(schemes=("rtn",), targets=("experts",), acts=("int8",), lottery: int = LOTTERY,
               calib_draws: int = 3, dither: float = DITHER) -> list[Arm]:
     """For each (targets, act): round-to-nearest, `lottery` dithered re-packs, and `calib_draws` GPTQ packs
     when "gptq" is among schemes (each calibrated on its own draw of the train split)."""

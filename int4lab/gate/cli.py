@@ -15,6 +15,7 @@ import torch
 from ..files import check_out_path
 from ..locations import RUNS
 from ..quantize import ACTS, SCHEMES, TARGETS
+from .arms import LOTTERY
 from .run import BATCH_TOKENS, DITHER, check_budget, plan_arms, run_gate
 from .score import STAT_BYTES
 from .table import format_table
@@ -56,7 +57,10 @@ def parser() -> argparse.ArgumentParser:
                     help="int8 = W4A8 (x quantised per 32: s = amax/127), bf16 = W4A16")
     ap.add_argument("--budget", type=float, default=0.01,
                     help="largest allowed relative perplexity increase ppl_q / ppl_source - 1 (default 0.01 = 1%%)")
-    ap.add_argument("--texts", nargs="+", choices=TEXTS, default=list(TEXTS))
+    ap.add_argument("--texts", nargs="+", default=list(TEXTS), metavar="SOURCE",
+                    help=f"texts to score, each a corpus split {TEXTS}, a .txt file (documents separated by blank "
+                         "lines), a .jsonl file (a \"text\" field per line) or hf:NAME[:CONFIG]:SPLIT[:FIELD] "
+                         "(the datasets package and the hub); at least 10 documents each")
     ap.add_argument("--window", type=int, default=None,
                     help="inputs per scoring window (default: the model's trained context)")
     ap.add_argument("--batch", type=int, default=16, help="most windows per forward (windows sorted by length)")
@@ -67,10 +71,13 @@ def parser() -> argparse.ArgumentParser:
                          "free GPU memory holds; on a CPU all)")
     ap.add_argument("--stat-bytes", type=int, default=STAT_BYTES,
                     help="scratch bytes of one chunk of the on-device statistics (4 float32 [tokens, V] tensors)")
-    ap.add_argument("--lottery", type=int, default=4, help="dithered round-to-nearest re-packs (0: none)")
+    ap.add_argument("--lottery", type=int, default=LOTTERY,
+                    help=f"dithered round-to-nearest re-packs (default {LOTTERY}; 0: none)")
     ap.add_argument("--dither", type=float, default=DITHER, help="lottery dither amplitude, units of the scale")
     ap.add_argument("--calib-draws", type=int, default=3, help="GPTQ packs, each on its own calibration draw")
     ap.add_argument("--calib-tokens", type=int, default=16384, help="calibration tokens per draw (train split)")
+    ap.add_argument("--calib-text", default=None, metavar="SOURCE",
+                    help="GPTQ calibration text, a source as --texts takes (default: the corpus train split)")
     ap.add_argument("--calib-len", type=int, default=None, help="calibration sequence length (default: --window)")
     ap.add_argument("--min-rows", type=int, default=None,
                     help="an expert routed fewer calibration rows is packed round-to-nearest (default: K)")
@@ -110,12 +117,16 @@ def main(argv=None, stamp=None, prog: str = "python -m int4lab.gate") -> int:
     try:                                    # everything that can be refused is refused before any work
         name, context = model_name_and_context(args.model)
         arms = plan_arms(args.scheme, args.targets, args.act, args.lottery, args.calib_draws, args.dither)
+        from .run import calib_source
+        from .sources import read_sources
+        texts = list(read_sources(args.texts).values())
+        calib_text = calib_source(args.calib_text, arms)
         check_settings(window=args.window, max_docs=args.max_docs, budget=args.budget, batch=args.batch,
                        threads=args.threads, floor_stride=args.floor_stride,
                        n_boot=args.boot, parity_steps=args.parity_steps, limit=args.limit,
                        calib_tokens=args.calib_tokens, calib_len=args.calib_len or args.window or context,
                        min_rows=args.min_rows, damp=args.damp, dither=args.dither,
-                       trained_context=context, texts=args.texts, device=args.device)
+                       trained_context=context, texts=texts, device=args.device)
         path = check_out_path(args.out if args.out else receipt_path(name))
         from .models import parse_max_memory
         max_memory = parse_max_memory(args.max_memory)
@@ -129,7 +140,7 @@ def main(argv=None, stamp=None, prog: str = "python -m int4lab.gate") -> int:
                                                     else torch.float32)
     try:
         payload = run_gate(args.model, arms, budget=args.budget, dtype=dtype, device=args.device,
-                           device_map=args.device_map, max_memory=max_memory, texts=args.texts,
+                           device_map=args.device_map, max_memory=max_memory, texts=texts, calib_text=calib_text,
                            window=args.window, batch=args.batch,
                            floor=not args.no_floor, calib_tokens=args.calib_tokens, calib_len=args.calib_len,
                            min_rows=args.min_rows, damp=args.damp, n_boot=args.boot, seed=args.seed,

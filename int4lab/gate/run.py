@@ -21,6 +21,7 @@ from .arms import DITHER, Arm, GroupSizer, copy_source, free_memory, logits_byte
 from .compare import assemble
 from .score import STAT_BYTES, ScoreTiming, score_models
 from .settings import check_settings
+from .sources import TextSource, read_source, read_sources
 from .texts import TEXTS, Windows, calibration_ids, documents, split_ids, trained_context
 
 BATCH_TOKENS = 8192        # default bound on b x longest window per forward
@@ -50,7 +51,8 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
              arms_per_group: int | None = None, stat_bytes: int = STAT_BYTES,
              floor: bool = True, floor_stride: int = 16, calib_tokens: int = 16384,
              calib_len: int | None = None, min_rows: int | None = None, damp: float = 0.01,
-             calib_split: str = "train", n_boot: int = stats.N_BOOT, seed: int = 0, parity_steps: int = 4,
+             calib_split: str = "train", calib_text=None, n_boot: int = stats.N_BOOT, seed: int = 0,
+             parity_steps: int = 4,
              max_docs: int | None = None, tasks=(), limit: int | None = None, progress: bool = True,
              loader=None, on_arm=None, log=None) -> dict:
     """Score the source, the precision floor and every arm on every document of `texts`; the receipt payload.
@@ -63,7 +65,10 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     arms_per_group: arms held on the device at once (None: as many as the free GPU memory allows; on a CPU
     all of them); the source is re-run per group. floor: also score the source in the other precision
     (bf16 for an fp32 source, else fp32) on every floor_stride-th document; reported, never a threshold.
-    calib_tokens / calib_len: GPTQ calibration set per draw (calib_len default: window), from calib_split.
+    texts: the texts to score, each a source spec (`sources.py`: a corpus split name, a .txt or .jsonl file, or
+    hf:NAME[:CONFIG]:SPLIT[:FIELD]) or a `sources.TextSource`; each is recorded with its sha256.
+    calib_tokens / calib_len: GPTQ calibration set per draw (calib_len default: window), from calib_split, or
+    from the documents of calib_text (a source spec, as texts) when given.
     parity_steps > 0: the decode instrument's kernel-parity check on the first arm, over that many steps.
     max_docs: score only the first max_docs documents of each text (quick runs; None = all).
     tasks: lm-eval tasks to score as well (token-level perplexity from per-document log-likelihoods).
@@ -79,18 +84,18 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     the groups, and `timing` (build, forwards, scoring, bootstrap; `score_over_forwards` = scoring wall time
     over the time inside its forwards).
     """
+    sources = read_sources(texts)
+    texts = list(sources)
     check_settings(window=window, max_docs=max_docs, budget=budget, batch=batch, floor_stride=floor_stride,
-                   n_boot=n_boot, parity_steps=parity_steps, limit=limit, texts=texts, calib_tokens=calib_tokens,
-                   calib_len=calib_len, min_rows=min_rows, damp=damp)
+                   n_boot=n_boot, parity_steps=parity_steps, limit=limit, texts=list(sources.values()),
+                   calib_tokens=calib_tokens, calib_len=calib_len, min_rows=min_rows, damp=damp)
     budget = check_budget(budget)
     if not arms:
         raise ValueError("arms must name at least one quantised arm")
     names = [a.name for a in arms]
     if len(set(names)) != len(names):
         raise ValueError(f"arm names must be unique, got {names}")
-    for t in texts:
-        if t not in TEXTS:
-            raise ValueError(f"texts must be among {TEXTS}, got {t!r}")
+    calib_src = calib_source(calib_text, arms)
     GroupSizer(arms_per_group, "cpu", 0)                     # its checks, before anything is loaded
     if tasks:
         from .lmeval import check_tasks
@@ -111,7 +116,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     context = trained_context(name, src.config)
     check_settings(window=window, calib_len=calib_len, trained_context=context)     # the model's own limit
     L = window or context
-    wins = {t: Windows(tok, documents(t)[:max_docs], L) for t in texts}
+    wins = {t: Windows(tok, list(src.docs)[:max_docs], L) for t, src in sources.items()}
     nb = sum(len(w.batches(batch, batch_tokens)) for w in wins.values())
     vocab = src.get_output_embeddings().weight.shape[0]
     dev = input_device(src)
@@ -123,7 +128,10 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     say(f"source {name} loaded in {load_source_s:.1f} s; {sum(w.tokens for w in wins.values())} tokens in "
         f"{nb} forwards per model; window {L}")
 
-    train = split_ids(tok, calib_split) if any(a.kind == "gptq" for a in arms) else None
+    train = None
+    if any(a.kind == "gptq" for a in arms):
+        train = split_ids(tok, calib_split) if calib_src is None else document_ids(tok, calib_src.docs)
+    calib_name = calib_split if calib_src is None else calib_src.spec
     info, per, groups, timing = {}, {t: {} for t in texts}, [], ScoreTiming()
     rerun = []
     parity = lm = None
@@ -136,7 +144,8 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
         load_s = time.time() - ta
         calib = None
         if a.kind == "gptq":
-            calib = calibration_ids(tok, calib_tokens, calib_len or L, seed=a.seed, stream=train)
+            calib = calibration_ids(tok, calib_tokens, calib_len or L, seed=a.seed, split=calib_name,
+                                    stream=train)
         m, rep = quantize_model(m, a.scheme.scheme, a.scheme.targets, a.scheme.act, calib_ids=calib,
                                 min_rows=min_rows, damp=damp, dither=a.dither, dither_seed=a.seed, progress=False)
         quantise_s = time.time() - ta - load_s
@@ -219,6 +228,9 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     padding = {t: w.padding(w.batches(batch, batch_tokens)) for t, w in wins.items()}
     for t, w in wins.items():
         payload["texts"][t]["padding"] = padding[t]
+        payload["texts"][t]["source"] = sources[t].describe()
+        if sources[t].kind != "corpus":
+            payload["texts"][t]["domain"] = "user"
     seconds = time.time() - t0
     calib_fw = sum(sum(r.get("calib_s", 0) + r.get("propagate_s", 0) for r in d["quant_report"].get("timing", []))
                    + (d["quant_report"].get("capture_s") or 0) for d in info.values())
@@ -230,7 +242,9 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
                      "arms_per_group": arms_per_group or "auto", "group_rule": sizer.rule,
                      "n_boot": n_boot, "level": stats.LEVEL, "seed": seed, "bootstrap_unit": "document",
                      "scored": "every arm on every document", "texts": list(texts),
-                     "calib_tokens": calib_tokens, "calib_len": calib_len or L, "calib_split": calib_split,
+                     "calib_tokens": calib_tokens, "calib_len": calib_len or L,
+                     "calib_split": calib_split if calib_src is None else None,
+                     "calib_text": None if calib_src is None else calib_src.describe(),
                      "min_rows": min_rows if min_rows else "K (max(H, I))",
                      "min_rows_fallback": "round-to-nearest", "damp": damp,
                      "dither": sorted({a.dither for a in arms if a.dither}), "threads": torch.get_num_threads(),
@@ -254,6 +268,21 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
         payload["lmeval"] = lm
     payload["seconds"] = seconds
     return payload
+
+
+def calib_source(calib_text, arms):
+    """The calibration source of calib_text (None: the corpus train split); refused without a GPTQ arm."""
+    if calib_text is None:
+        return None
+    if not any(a.kind == "gptq" for a in arms):
+        raise ValueError("--calib-text: calibration text is read by GPTQ only; add --scheme gptq or drop it")
+    return calib_text if isinstance(calib_text, TextSource) else read_source(calib_text, "--calib-text")
+
+
+def document_ids(tok, docs) -> torch.Tensor:
+    """int64 [n]: documents joined by blank lines as one token stream (a calibration source)."""
+    return torch.tensor(tok("\n\n".join(docs), add_special_tokens=False, verbose=False)["input_ids"],
+                        dtype=torch.int64)
 
 
 def _jsonable(max_memory):

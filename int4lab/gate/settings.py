@@ -29,9 +29,10 @@ def _need(ok: bool, name: str, flag: str, rule: str, v) -> None:
 
 
 def documents_per_text(texts, max_docs: int | None = None) -> dict:
-    """{text: documents every arm scores (the first max_docs, or all)}."""
-    from .texts import documents
-    return {t: len(documents(t)) if max_docs is None else min(len(documents(t)), max_docs) for t in texts}
+    """{text: documents every arm scores (the first max_docs, or all)}; texts are source specs (`sources.py`)."""
+    from .sources import read_sources
+    return {n: len(s.docs) if max_docs is None else min(len(s.docs), max_docs)
+            for n, s in read_sources(texts).items()}
 
 
 def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threads=None, floor_stride=None,
@@ -39,8 +40,8 @@ def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threa
                    damp=None, dither=None, trained_context=None, texts=None, device=None) -> None:
     """Refuse degenerate gate settings before any work (module doc). An argument left None is not checked
     (its default applies). trained_context: the model's (texts.trained_context), the largest window.
-    texts: the texts to score; with them, every text must keep MIN_DOCS documents after max_docs (reads the
-    corpus, not the model)."""
+    texts: the texts to score, source specs or `sources.TextSource`s; with them, every text must keep MIN_DOCS
+    documents after max_docs (reads the texts, not the model)."""
     if budget is not None:
         _need(isinstance(budget, (int, float)) and not isinstance(budget, bool) and math.isfinite(budget)
               and 0 < budget < 1, "budget", "--budget",
@@ -80,14 +81,8 @@ def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threa
     if device is not None:
         check_device(device)
     if texts is not None:
-        from .texts import TEXTS
-        for t in texts:
-            if t not in TEXTS:
-                raise ValueError(f"--texts: texts must be among {TEXTS}, got {t!r}")
-        for t, n in documents_per_text(texts, max_docs).items():
-            if n < MIN_DOCS:
-                raise ValueError(f"--texts: text {t!r} has {n} documents, fewer than the {MIN_DOCS} a verdict "
-                                 "needs (int4lab.gate.settings)")
+        from .sources import check_document_count, read_sources
+        check_document_count(read_sources(texts), max_docs, MIN_DOCS)
 
 
 def check_device(device) -> None:

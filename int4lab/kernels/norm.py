@@ -14,6 +14,8 @@ The sum's order is not torch's and rsqrt is the GPU's (libdevice, what torch cal
 numpy's), so an element can differ from the module by one ulp of the dtype (tests/test_fused.py bounds it).
 
 Bytes per call: read R*N + N (weight), write R*N, in the dtype: the floor is one read of x.
+add_rms_norm_kernel: a decoder layer's residual add and the following RMSNorm in one launch (s = round(res + x),
+stored as the new residual, then the contract on s): transformers' two bf16 results, one launch fewer.
 """
 from __future__ import annotations
 
@@ -57,6 +59,20 @@ def rms_norm_kernel(
     offs = tl.arange(0, BLOCK)
     m = offs < N
     x = tl.load(x_ptr + r * stride_x + offs, mask=m, other=0.0).to(tl.float32)
+    _norm_row(x, w_ptr, y_ptr + r * N, offs, m, N, eps, OUT, USE_LIBDEVICE)
+
+
+@triton.jit
+def _store(ptr, v, m, OUT: tl.constexpr):
+    if OUT == OUT_BF16:
+        tl.store(ptr, to_bf16_rne(v), mask=m)
+    else:
+        tl.store(ptr, v.to(ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _norm_row(x, w_ptr, y_row, offs, m, N, eps, OUT: tl.constexpr, USE_LIBDEVICE: tl.constexpr):
+    """The contract's arithmetic on one row x (float32 of the dtype's values), stored at y_row + offs."""
     v = tl.math.div_rn(tl.sum(x * x, axis=0), N.to(tl.float32)) + eps
     if USE_LIBDEVICE:
         inv = libdevice.rsqrt(v)
@@ -64,10 +80,27 @@ def rms_norm_kernel(
         inv = 1.0 / tl.sqrt(v)
     n = round_to(x * inv, OUT)
     y = round_to(tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32) * n, OUT)
-    if OUT == OUT_BF16:
-        tl.store(y_ptr + r * N + offs, to_bf16_rne(y), mask=m)
-    else:
-        tl.store(y_ptr + r * N + offs, y.to(y_ptr.dtype.element_ty), mask=m)
+    _store(y_row + offs, y, m, OUT)
+
+
+@triton.jit
+def add_rms_norm_kernel(
+    # Pointers
+    x_ptr, res_ptr, w_ptr, s_ptr, y_ptr,
+    # Dimensions
+    N, stride_x, stride_r, eps,
+    # Meta-parameters
+    BLOCK: tl.constexpr, OUT: tl.constexpr, USE_LIBDEVICE: tl.constexpr,
+):
+    """A decoder layer's `residual + x` then the next RMSNorm, one program a row: s = round(res + x) (the new
+    residual, stored), y = the norm of s (rms_norm_kernel's arithmetic). s, y [R, N] contiguous."""
+    r = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    m = offs < N
+    x = tl.load(x_ptr + r * stride_x + offs, mask=m, other=0.0).to(tl.float32)
+    s = round_to(x + tl.load(res_ptr + r * stride_r + offs, mask=m, other=0.0).to(tl.float32), OUT)
+    _store(s_ptr + r * N + offs, s, m, OUT)
+    _norm_row(s, w_ptr, y_ptr + r * N, offs, m, N, eps, OUT, USE_LIBDEVICE)
 
 
 def check_rms_norm(x, weight, eps):
@@ -85,6 +118,17 @@ def run_rms_norm(x, weight, eps: float, out):
         rms_norm_kernel[(R,)](x, weight, out, N, x.stride(0), eps, BLOCK=block, OUT=_OUT[x.dtype],
                               USE_LIBDEVICE=not interpreting(), num_warps=4 if block >= 1024 else 1)
     return out
+
+
+def run_add_rms_norm(x, res, weight, eps: float, s_out, y_out):
+    """add_rms_norm_kernel's launch alone (x, res [R, N] of one dtype, rows strided, checked by the caller)."""
+    R, N = x.shape
+    if R:
+        block = triton.next_power_of_2(N)
+        add_rms_norm_kernel[(R,)](x, res, weight, s_out, y_out, N, x.stride(0), res.stride(0), eps, BLOCK=block,
+                                  OUT=_OUT[x.dtype], USE_LIBDEVICE=not interpreting(),
+                                  num_warps=4 if block >= 1024 else 1)
+    return s_out, y_out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -6,6 +6,7 @@ L = T * A routed rows, E = experts, H = hidden size, I = expert intermediate siz
     linear(x, packed, scales, act)              x [R, K] -> bf16 [R, N]          op int4lab::linear
     moe(x, ids, w, gu_p, gu_s, dn_p, dn_s)       x [T, H] -> bf16 [T, H]          op int4lab::moe
     rms_norm(x, weight, eps)                     x [R, N] -> [R, N]               op int4lab::rms_norm
+    add_rms_norm(x, res, weight, eps)            x, res [R, N] -> (res + x, norm) op int4lab::add_rms_norm
     router(x, weight, top_k, renorm, dtype)      x [T, H] -> logits, weights, ids op int4lab::router
     decode_attention(q, k, v, cos, sin, caches, length, ...) -> bf16 [B, HQ*D]   op int4lab::decode_attention
                                                  (mutates the caches and the length: attention.py)
@@ -34,10 +35,10 @@ from .gemv import MAX_GRID_ROWS, check_linear
 from .gemv_dp4a import X_FLOAT, X_SWIGLU
 from .launch import run_gemv, run_grouped, run_quant_rows, run_w4a16
 from .attention import check_decode_attention, run_decode_attention
-from .norm import check_rms_norm, run_rms_norm
+from .norm import check_rms_norm, run_add_rms_norm, run_rms_norm
 from .router import check_router, run_router
 
-__all__ = ["linear", "moe", "rms_norm", "router", "decode_attention", "signature", "clear_caches"]
+__all__ = ["linear", "moe", "rms_norm", "add_rms_norm", "router", "decode_attention", "signature", "clear_caches"]
 
 _PREPARED: dict = {}        # signature -> what the first call with it resolved (plans, flags)
 
@@ -204,6 +205,38 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if torch.compiler.is_compiling():
         return rms_norm_op(x, weight, eps)
     return _rms_norm_impl(x, weight, eps)
+
+
+def _add_rms_norm_impl(x, res, weight, eps):
+    key = signature("add_rms_norm", x, res, weight)
+    if key not in _PREPARED:
+        check_rms_norm(x, weight, eps)
+        if res.shape != x.shape or res.dtype != x.dtype or res.device != x.device or res.stride(-1) != 1:
+            raise ValueError(f"res must be like x {tuple(x.shape)} {x.dtype} with a dense last dim, got "
+                             f"{tuple(res.shape)} {res.dtype} strides {res.stride()}")
+        _PREPARED[key] = True
+    return run_add_rms_norm(x, res, weight, eps, torch.empty(x.shape, dtype=x.dtype, device=x.device),
+                            torch.empty(x.shape, dtype=x.dtype, device=x.device))
+
+
+@torch.library.custom_op("int4lab::add_rms_norm", mutates_args=())
+def add_rms_norm_op(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor,
+                    eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """norm.add_rms_norm_kernel as one opaque op: x, res [R, N] -> (res + x, RMSNorm of it), x's dtype."""
+    return _add_rms_norm_impl(x, res, weight, eps)
+
+
+@add_rms_norm_op.register_fake
+def _(x, res, weight, eps):
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            torch.empty_like(x, memory_format=torch.contiguous_format))
+
+
+def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(s, y): s = res + x rounded to the dtype (a decoder layer's residual add), y = RMSNorm of s; one launch."""
+    if torch.compiler.is_compiling():
+        return add_rms_norm_op(x, res, weight, eps)
+    return _add_rms_norm_impl(x, res, weight, eps)
 
 
 def _router_impl(x, weight, top_k, renorm, weights_dtype):

@@ -5,8 +5,9 @@ size, B = calibration sequences, T = tokens per sequence.
 
 Three ways to choose the codes, all emitting the same int4-b32 bytes layout:
 - round-to-nearest (scheme="rtn"), `format.pack_int4_b32`;
-- dithered round-to-nearest (scheme="rtn", dither > 0): codes round(w / s + u), u ~ U(-dither, dither) drawn
-  from a seeded generator — an equally good rounding that differs only where w / s sits near a half.
+- dithered round-to-nearest (scheme="rtn", dither > 0): codes round(w / s + u), u uniform on [-dither, dither)
+  from ticket dither_seed's counter-based stream, drawn on the weights' device (`dither.py`: the same bytes
+  on every device) — an equally good rounding that differs only where w / s sits near a half.
   The gate re-packs with several seeds to measure how much perplexity moves under such harmless changes
   (the rounding lottery);
 - GPTQ (scheme="gptq"), following IST-DASLab/gptq's sequential driver: capture the inputs of decoder layer 0;
@@ -28,6 +29,7 @@ from ..format import BLOCK, block_scales, check_scale_range, pack_codes, pack_in
 from .hessian import attn_key, expert_key, hessian_hooks
 from .layout import (ATTN_PROJ, LAYOUT, Scheme, attention, decoder_layers, experts_of, input_device, model_arch,
                      moe_block)
+from .dither import DitherStream, dither_noise
 from .modules import Int4Experts, Int4Linear, check_experts_k, restored_on_failure
 
 
@@ -57,17 +59,27 @@ class QuantReport:
         return d
 
 
-def dithered_pack(w: torch.Tensor, dither: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """`pack_int4_b32` with the rounding dithered: codes round(w / s + u), u ~ U(-dither, dither), clamped to
-    [-8, 7]; the same scales (amax / 7). w [..., N, K] float; returns (packed uint8, scales float16).
-    ValueError for NaN or inf in w, as pack_int4_b32."""
+def dithered_pack(w: torch.Tensor, dither: float, seed: int, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`pack_int4_b32` with the rounding dithered: codes round(w / s + u) clamped to [-8, 7], u uniform on
+    [-dither, dither) (24-bit grid), element i of w taking element offset + i of ticket `seed`'s stream
+    (`dither.dither_noise`, drawn on w's device); the same scales (amax / 7). w [..., N, K] float; returns
+    (packed uint8, scales float16). ValueError for NaN or inf in w, as pack_int4_b32."""
     check_finite("w", w)
     s = block_scales(w)                                             # fp32 [..., N, K/32]
     check_scale_range(s)
     wb = w.float().reshape(*w.shape[:-1], -1, BLOCK)
-    u = (torch.rand(wb.shape, generator=generator) * 2 - 1) * dither
-    q = torch.round(wb / s.unsqueeze(-1) + u.to(wb.device)).clamp_(-8, 7).to(torch.int8).reshape(w.shape)
+    u = dither_noise(wb.numel(), seed, dither, offset, wb.device).reshape(wb.shape)
+    q = torch.round((wb / s.unsqueeze(-1)).add_(u)).clamp_(-8, 7).to(torch.int8).reshape(w.shape)
     return pack_codes(q), s.to(torch.float16)
+
+
+def _stream_pack(stream: DitherStream):
+    """A packer that takes each tensor's noise from the next stretch of `stream` (packing order)."""
+    def pack(w):
+        p = dithered_pack(w, stream.dither, stream.seed, stream.position)
+        stream.position += w.numel()
+        return p
+    return pack
 
 
 def _progress(it, on, desc):
@@ -148,10 +160,9 @@ def quantize_model(model, scheme: str = "rtn", targets: str = "experts", act: st
     layers = decoder_layers(model)
     with restored_on_failure(model):               # a failure half-way leaves the float model, not a mix
         if scheme == "rtn":
-            gen = torch.Generator().manual_seed(dither_seed)
-            pack = (lambda w: dithered_pack(w, dither, gen)) if dither else pack_int4_b32
+            pack = _stream_pack(DitherStream(dither_seed, dither)) if dither else pack_int4_b32
             for li, layer in enumerate(_progress(layers, progress, "rtn pack")):
-                _quantize_layer_rtn(layer, arch, sch, rep, pack, li, bool(dither))
+                _quantize_layer_rtn(layer, arch, sch, rep, pack, li)
         else:
             _quantize_gptq(model, layers, arch, sch, rep, calib_ids, min_rows, damp, blocksize, batch_size, progress)
         if lm_head:
@@ -185,23 +196,22 @@ def _pack_experts_rtn(w: torch.Tensor, pack, chunk: int | None = None):
     """Round-to-nearest pack of w [E, N, K] a few experts at a time: the float32 copy `pack` needs never
     holds the whole layer (Mixtral: 5.6 GB per layer in float32)."""
     E, N, K = w.shape
-    chunk = chunk or _expert_chunk(3 * 4 * N * K, w.device)
+    chunk = chunk or _expert_chunk(4 * 4 * N * K, w.device)          # w, w / s, the noise, scratch (float32)
     if chunk >= E:
         return pack(w.detach().float())
     parts = [pack(w[e:e + chunk].detach().float()) for e in range(0, E, chunk)]
     return torch.cat([p for p, _ in parts]), torch.cat([s for _, s in parts])
 
 
-def _quantize_layer_rtn(layer, arch, sch, rep, pack, li=0, dithered=False):
+def _quantize_layer_rtn(layer, arch, sch, rep, pack, li=0):
     t0 = time.perf_counter()
     _onload(layer)
     ex = experts_of(layer, arch)
     if ex is not None:
         check_experts_k(ex)
-        # a dithered pack draws its noise in one call per tensor (the lottery's seeded stream), so unchunked
-        packer = (lambda w: pack(w.detach().float())) if dithered else (lambda w: _pack_experts_rtn(w, pack))
-        gu = packer(ex.gate_up_proj)
-        dn = packer(ex.down_proj)
+        # a few experts at a time; a dithered pack's stream runs on across the chunks in order
+        gu = _pack_experts_rtn(ex.gate_up_proj, pack)
+        dn = _pack_experts_rtn(ex.down_proj, pack)
         _set_experts(layer, arch, Int4Experts.from_experts(ex, sch.act, gu, dn))
         rep.experts_modules += 1
     if sch.targets == "experts+attn":

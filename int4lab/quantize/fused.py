@@ -9,6 +9,8 @@ Shape legend: R = rows (tokens), H = hidden size, E = experts, A = experts per t
                    `qkv_proj`): one GEMV launch reads all three; k and v are the slices of the q call's output
     FusedAttention (fused_attention.py) a single-token step over a StaticCache: q/k norm, rope, the cache write
                    and attention in one launch (kernels/attention.py); other calls run the model's forward
+    FusedDecoderLayer (fused_layer.py) the residual add after attention and post_attention_layernorm in one
+                   launch (kernels/norm.py's add_rms_norm)
 
 The module tree keeps transformers' names (q_proj, k_proj, v_proj, gate, *norm), so the model's own forward,
 `generate`, hooks and CUDA-graph capture run unchanged. Which router arithmetic each model needs (renormalised
@@ -157,13 +159,16 @@ def _is_rms_norm(m: nn.Module) -> bool:
             and m.weight.dim() == 1 and isinstance(getattr(m, "variance_epsilon", None), float))
 
 
-def fuse_decode(model, *, qkv: bool = True, router: bool = True, norms: bool = True, attention: bool = True):
+def fuse_decode(model, *, qkv: bool = True, router: bool = True, norms: bool = True, attention: bool = True,
+                add_norm: bool = True):
     """Fuse `model` in place (module doc); returns it, with `model.int4_fused` counting what was fused."""
     from .fused_attention import fuse_attention
+    from .fused_layer import fuse_layer
     from .layout import LAYOUT
     arch = model_arch(model)
-    done = {"qkv": 0, "router": 0, "norms": 0, "attention": 0, "left": []}
-    for li, layer in enumerate(decoder_layers(model)):
+    done = {"qkv": 0, "router": 0, "norms": 0, "attention": 0, "add_norm": 0, "left": []}
+    layers = decoder_layers(model)
+    for li, layer in enumerate(list(layers)):
         if qkv:
             done["qkv"] += fuse_qkv(attention_of(layer, arch))
         if attention:
@@ -175,6 +180,8 @@ def fuse_decode(model, *, qkv: bool = True, router: bool = True, norms: bool = T
                 done["router"] += 1
             except ValueError as e:
                 done["left"].append(f"layer {li} router: {e}")
+        if add_norm:
+            done["add_norm"] += fuse_layer(layers, li)
     if norms:
         for name, mod in list(model.named_modules()):
             for cname, child in list(mod.named_children()):

@@ -25,17 +25,36 @@ from .modules import _Int4Module
 NORM_OF = {"OlmoeAttention": "row", "Qwen3MoeAttention": "head", "MixtralAttention": "none"}
 
 
-class FusedAttention(_Int4Module):
+class Wrapped(_Int4Module):
+    """A module standing in for `orig`: the same instance state (submodules, parameters, config), the original
+    class's attributes where the instance has none, its forward as `_original_forward`."""
+
+    def __init__(self, orig: torch.nn.Module):
+        super().__init__()
+        self.__dict__.update(orig.__dict__)
+        self.__dict__["_original_type"] = type(orig)
+        self.__dict__["_original_forward"] = type(orig).forward
+        self.__dict__["_original_class"] = type(orig).__name__
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            cls = self.__dict__.get("_original_type")
+            if cls is None or not hasattr(cls, name):
+                raise
+            attr = getattr(cls, name)
+            return attr.__get__(self) if callable(attr) and hasattr(attr, "__get__") else attr
+
+
+class FusedAttention(Wrapped):
     """Wraps a transformers attention module in place: same submodules, names and attributes (module doc)."""
 
     def __init__(self, attn: torch.nn.Module):
         name = type(attn).__name__
         if name not in NORM_OF:
             raise ValueError(f"FusedAttention knows {sorted(NORM_OF)}, got {name}")
-        super().__init__()
-        self.__dict__.update(attn.__dict__)         # the same submodules, parameters, config and layer index
-        self.__dict__["_original_forward"] = type(attn).forward
-        self.__dict__["_original_class"] = name
+        super().__init__(attn)
         self.norm = NORM_OF[name]
 
     def _fast_args(self, hidden_states, position_embeddings, attention_mask, past_key_values):

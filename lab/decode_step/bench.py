@@ -4,7 +4,8 @@ Per architecture (the published configuration at real width, random weights, `--
   * states: "bf16" (the model as built, with each transformers experts implementation), "int4"
     (`quantize_model(model, "rtn", "experts+attn")`), "int4_fused" (int4 plus `fuse_decode(attention=False)`:
     q/k/v in one GEMV, the router in one kernel, RMSNorm in one kernel) and "int4_fused2" (the same plus
-    FusedAttention: q/k norm, rope, the cache write and attention in one launch);
+    FusedAttention: q/k norm, rope, the cache write and attention in one launch; FusedDecoderLayer: the residual
+    add after attention and the next RMSNorm in one launch);
   * runs: "eager" (what `generate` gives: the host launches every op), "graphed" (the step captured in one CUDA
     graph), "compiled" (each decoder layer torch.compile'd, then the step captured);
   * per (batch, context): the step time at each depth; per layer = the slope between the smallest and largest
@@ -32,7 +33,7 @@ from . import step as S
 from .summary import summarise
 
 STATES = ("bf16", "int4", "int4_fused", "int4_fused2")
-FUSED = {"int4_fused": False, "int4_fused2": True}     # state -> fuse_decode(attention=...)
+FUSED = {"int4_fused": False, "int4_fused2": True}     # state -> fuse_decode(attention=..., add_norm=...)
 RUNS = ("eager", "graphed", "compiled")
 PARTS = ("times", "floors", "greedy", "host", "breakdown")
 
@@ -117,7 +118,7 @@ class Run:
         fuse = _fuser()
         for state, attn in FUSED.items():
             if fuse is not None and state in a.states:
-                self.models[state] = fuse(copy.deepcopy(int4), attention=attn)
+                self.models[state] = fuse(copy.deepcopy(int4), attention=attn, add_norm=attn)
         self.rec["states"] = [s for s in STATES if s in self.models and s in a.states]
         return True
 
