@@ -183,7 +183,7 @@ CLI = [
     (_realscale_gate, ["--arch", "olmoe", "--layers", "1", "--workdir", "{file}", "--out", "{tmp}/r.json"],
      r"--workdir '.*' is a file, not a directory"),
     (_realscale_gate, ["--arch", "olmoe", "--layers", "1", "--workdir", "{tmp}/w", "--out", "{tmp}/r.json",
-                       "--gate-args=--no-such-flag"], r"--gate-args '--no-such-flag': not flags the gate accepts"),
+                       "--gate-args=--no-such-flag"], r"--gate-args: not flags the gate takes: '--no-such-flag'"),
     (_decode_step, ["--width", "tiny", "--out", "{fifo}"], r"--out '.*' is a FIFO"),
     (_decode_step, ["--width", "tiny", "--out", "{tmp}"], r"--out '.*' is a directory"),
     (_decode_step, ["--width", "tiny", "--out", "{file}"], r"--out '.*' is not a readable JSON receipt"),
