@@ -1,25 +1,23 @@
 """Model shapes as data: the published MoE configurations the bench and sweep time, and the three tiny
-trained models. The one table that the bench, the sweep, the report and `int4lab.models` read.
+trained models. The table the bench, the sweep and the report read.
 
 Shape legend: E = experts, N = out features, K = in features, H = hidden, I = one expert's intermediate
 width, D = head dim. A decode GEMV is y [1, N] = x [1, K] @ W[N, K].T; an expert is gate_up [2I, H]
 (gate rows first) and down [H, I].
 
-Published configurations (the citations are what the numbers were read from):
-  Mixtral-8x7B: transformers 5.23 `MixtralConfig` defaults (checkpoint mistralai/Mixtral-8x7B-v0.1):
-    hidden 4096, intermediate 14336, 8 local experts, top-2, 32 heads, 8 kv heads; head_dim None -> 4096/32.
-  OLMoE-1B-7B: `OlmoeConfig` defaults give hidden 2048, 64 experts, top-8, 16 heads, 16 kv heads, but
-    intermediate 2048; the released checkpoint's config.json sets intermediate_size 1024
-    (https://huggingface.co/allenai/OLMoE-1B-7B-0924/blob/main/config.json), which the recorded H200 peer
-    shapes 2048x2048 (gate_up) and 2048x1024 (down) confirm (data/receipts/anchors/decode_h200_2026-12-02.json).
-  Qwen3-30B-A3B: `Qwen3MoeConfig` defaults (checkpoint Qwen/Qwen3-30B-A3B-Base): hidden 2048, moe
-    intermediate 768, 128 experts, top-8, 32 heads, 4 kv heads; head_dim 128 is set explicitly in the
-    checkpoint's config.json (not hidden/heads = 64), as Megatron recipes state with --kv-channels 128
-    (zyzshishui/slime scripts/models/qwen3-30B-A3B.sh), hence q 4096x2048 and o 2048x4096.
+The published configurations, with the citations of each number, are the `published` fields of the
+architecture records in int4lab/archs/ (mixtral.py, olmoe.py, qwen3_moe.py); this module reads them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .archs import ARCHS, REGISTERED, bench_models, get
+from .models.configs import HEADS, HIDDEN
+
+
+def _bench_arch(bench_name: str) -> str:
+    return next(a.name for a in REGISTERED if a.published.bench_name == bench_name)
 
 
 @dataclass(frozen=True)
@@ -36,19 +34,19 @@ class MoEModel:
     source: str
 
 
-MODELS = {
-    "mixtral": MoEModel("mixtral", 4096, 14336, 8, 2, 32, 8, 128, "Mixtral-8x7B (MixtralConfig defaults)"),
-    "olmoe": MoEModel("olmoe", 2048, 1024, 64, 8, 16, 16, 128, "OLMoE-1B-7B-0924 (config.json)"),
-    "qwen3": MoEModel("qwen3", 2048, 768, 128, 8, 32, 4, 128, "Qwen3-30B-A3B (Qwen3MoeConfig + head_dim 128)"),
-}
+def _model(name: str, sizes: dict, source: str) -> MoEModel:
+    return MoEModel(name, sizes["hidden"], sizes["intermediate"], sizes["experts"], sizes["top_k"], sizes["heads"],
+                    sizes["kv_heads"], sizes["head_dim"], source)
 
-# The three tiny models trained in this repository (int4lab/models/configs.py builds their transformers
-# configs from these rows): H = 128, 4 heads of 32, the same expert width per token (2 x 256 = 8 x 64).
-TINY = {
-    "mixtral": MoEModel("mixtral", 128, 256, 8, 2, 4, 2, 32, "tiny Mixtral (this repository)"),
-    "olmoe": MoEModel("olmoe", 128, 64, 32, 8, 4, 4, 32, "tiny OLMoE (this repository)"),
-    "qwen3_moe": MoEModel("qwen3_moe", 128, 64, 32, 8, 4, 2, 32, "tiny Qwen3-MoE (this repository)"),
-}
+
+# Read from the `int4lab.archs` records (their published configurations and citations), keyed by the name
+# the bench receipts record ("qwen3" for Qwen3-MoE).
+MODELS = {name: _model(name, sz, get(_bench_arch(name)).published.label) for name, sz in bench_models().items()}
+
+# The tiny models trained in this repository (int4lab/models/configs.py builds their transformers configs
+# from the same records): H = 128, 4 heads of 32, the same expert width per token (2 x 256 = 8 x 64).
+TINY = {n: MoEModel(n, HIDDEN, a.tiny.intermediate, a.tiny.experts, a.tiny.top_k, HEADS, a.tiny.kv_heads,
+                    HIDDEN // HEADS, f"tiny {n} (this repository)") for n, a in ARCHS.items() if a.tiny.trained}
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ import torch
 
 from .._checks import check_finite, check_tensor
 from ..format import BLOCK, block_scales, check_scale_range, pack_codes, pack_int4_b32
-from .hessian import attn_key, expert_key, hessian_hooks
-from .layout import (ATTN_PROJ, LAYOUT, Scheme, attention, decoder_layers, experts_of, input_device, model_arch,
-                     moe_block)
+from .hessian import attn_key, expert_key, hessian_hooks, shared_key
+from .layout import (ATTN_PROJ, Scheme, attention, decoder_layers, experts_of, input_device, model_arch, set_experts,
+                     shared_expert, shared_proj)
 from .modules import Int4Experts, Int4Linear, check_experts_k
 
 
@@ -37,6 +37,7 @@ class QuantReport:
     scheme: Scheme
     layers: int = 0
     experts_modules: int = 0
+    shared_modules: int = 0                   # shared experts (dense MLPs beside the routed ones) quantised
     attn_modules: int = 0
     lm_head: bool = False
     gptq_experts: int = 0                     # (layer, expert) pairs packed with GPTQ
@@ -77,14 +78,23 @@ def _progress(it, on, desc):
     return tqdm(it, desc=desc, leave=False)
 
 
-def _swap_attn(attn, act, packers=None):
-    for name in ATTN_PROJ:
+def _swap_linears(parent, names, act, packers=None):
+    for name in names:
         packer = None if packers is None else packers[name]
-        setattr(attn, name, Int4Linear.from_linear(getattr(attn, name), act, packer))
+        setattr(parent, name, Int4Linear.from_linear(getattr(parent, name), act, packer))
 
 
-def _set_experts(layer, arch, new):
-    setattr(moe_block(layer, arch), LAYOUT[arch]["experts"], new)
+def _swap_attn(attn, act, packers=None):
+    _swap_linears(attn, ATTN_PROJ, act, packers)
+
+
+def _swap_shared(layer, arch, act, packers) -> int:
+    """Quantise a layer's shared expert (a dense MLP every token passes through) with the routed experts;
+    its sigmoid gate, like the router, stays in full precision. Returns 1 when there was one, else 0."""
+    names = shared_proj(layer, arch)
+    if names:
+        _swap_linears(shared_expert(layer, arch), names, act, packers)
+    return int(bool(names))
 
 
 def check_unquantised(name: str, model) -> None:
@@ -197,8 +207,9 @@ def _quantize_layer_rtn(layer, arch, sch, rep, pack, li=0, dithered=False):
         packer = (lambda w: pack(w.detach().float())) if dithered else (lambda w: _pack_experts_rtn(w, pack))
         gu = packer(ex.gate_up_proj)
         dn = packer(ex.down_proj)
-        _set_experts(layer, arch, Int4Experts.from_experts(ex, sch.act, gu, dn))
+        set_experts(layer, arch, Int4Experts.from_experts(ex, sch.act, gu, dn))
         rep.experts_modules += 1
+        rep.shared_modules += _swap_shared(layer, arch, sch.act, {p: pack for p in shared_proj(layer, arch)})
     if sch.targets == "experts+attn":
         _swap_attn(attention(layer, arch), sch.act, {p: pack for p in ATTN_PROJ})
         rep.attn_modules += 1
@@ -280,6 +291,7 @@ def _hessian_bytes(layer, arch, attn: bool) -> int:
     if ex is not None:
         E, I2, H = ex.gate_up_proj.shape
         n += E * (H * H + (I2 // 2) ** 2)
+        n += sum(getattr(shared_expert(layer, arch), p).in_features ** 2 for p in shared_proj(layer, arch))
     if attn:
         at = attention(layer, arch)
         n += sum(getattr(at, p).in_features ** 2 for p in ATTN_PROJ)
@@ -368,8 +380,10 @@ def _quantize_gptq(model, layers, arch, sch, rep, calib_ids, min_rows, damp, blo
             dn = _pack_experts_gptq(ex.down_proj, accs, {e: expert_key(li, e, "down") for e in cal},
                                     cal, fb, damp, blocksize)
             rep.rows.append(rows)
-            _set_experts(layer, arch, Int4Experts.from_experts(ex, sch.act, gu, dn))
+            set_experts(layer, arch, Int4Experts.from_experts(ex, sch.act, gu, dn))
             rep.experts_modules += 1
+            rep.shared_modules += _swap_shared(layer, arch, sch.act, {
+                p: (lambda w, a=accs[shared_key(li, p)]: gptq(w, a)) for p in shared_proj(layer, arch)})
             t["gptq_matrices"], t["rtn_matrices"] = 2 * len(cal), 2 * len(fb)
         del accs
         _sync(dev)
