@@ -12,12 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .archs import ARCHS, REGISTERED, bench_models, get
+from .archs import ARCHS, bench_models
 from .models.configs import HEADS, HIDDEN
-
-
-def _bench_arch(bench_name: str) -> str:
-    return next(a.name for a in REGISTERED if a.published.bench_name == bench_name)
 
 
 @dataclass(frozen=True)
@@ -41,7 +37,7 @@ def _model(name: str, sizes: dict, source: str) -> MoEModel:
 
 # Read from the `int4lab.archs` records (their published configurations and citations), keyed by the name
 # the bench receipts record ("qwen3" for Qwen3-MoE).
-MODELS = {name: _model(name, sz, get(_bench_arch(name)).published.label) for name, sz in bench_models().items()}
+MODELS = {name: _model(name, a.published_sizes(), a.published.label) for name, a in bench_models().items()}
 
 # The tiny models trained in this repository (int4lab/models/configs.py builds their transformers configs
 # from the same records): H = 128, 4 heads of 32, the same expert width per token (2 x 256 = 8 x 64).

@@ -32,6 +32,7 @@ from lab.bench.decide import decided
 from lab.bench.schema import DEFAULT_OUT, OURS_MOE, validate_receipt
 from int4lab.paths import RECEIPTS
 from int4lab.receipts import STALE, portable_command, read_receipt, sources_hash, write_text_atomic
+from int4lab.archs import bench_label
 from int4lab.shapes import MODELS, all_shapes
 
 ANCHORS = RECEIPTS / "anchors"
@@ -481,7 +482,7 @@ def target_definitions() -> str:
     """The targets' names and what each asks, from the limits the checks use (one place: RESULTS.md prints it)."""
     big = ", ".join(f"{N}×{K}" for N, K in BIG_SHAPES)
     leads = " / ".join(f"{v:g}×" for v in MOE_OVER_BF16.values())
-    models = " / ".join(m.capitalize() if m != "olmoe" else "OLMoE" for m in MOE_OVER_BF16)
+    models = " / ".join(bench_label(m) for m in MOE_OVER_BF16)
     tokens = f"{BATCH_TOKENS[0]}–{BATCH_TOKENS[-1]}"
     return "\n".join([
         f"- **{GEMV_FLOOR}**: each big batch-1 GEMV ({big}) takes at most 1.15× its read floor.",

@@ -33,10 +33,15 @@ def arch_of(model) -> Arch:
     return get(getattr(cfg, "model_type", None))
 
 
+def bench_label(bench_name: str) -> str:
+    """The running-text name of the architecture bench receipts record as `bench_name` (e.g. "qwen3" -> "Qwen3")."""
+    return bench_models()[bench_name].published.short
+
+
 def bench_models() -> dict:
-    """{bench name: published sizes} of the architectures the benches time (those with a bench_name)."""
-    return {a.published.bench_name: a.published_sizes() for a in REGISTERED if a.published.bench_name}
+    """{bench name: record} of the architectures the benches time at their published sizes (a bench_name set)."""
+    return {a.published.bench_name: a for a in REGISTERED if a.published.bench_name}
 
 
 __all__ = ["ARCHS", "Arch", "ConfigKeys", "GGUF_COMMON", "Gguf", "Layout", "Published", "REGISTERED", "TRAINED",
-           "Tiny", "arch_of", "bench_models", "frozen_map", "get"]
+           "Tiny", "arch_of", "bench_label", "bench_models", "frozen_map", "get"]

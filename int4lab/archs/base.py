@@ -87,6 +87,7 @@ class Published:
     config: MappingProxyType                   # config.json keys (those that shape the model or its routing)
     citations: tuple                           # where each number was read
     bench_name: str | None = None              # the key bench receipts record it under (None: not benched)
+    short: str = ""                            # the family's name in running text, e.g. "OLMoE"
 
 
 @dataclass(frozen=True)

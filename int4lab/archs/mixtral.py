@@ -26,6 +26,7 @@ ARCH = Arch(
             "transformers 5.23 MixtralConfig defaults agree: head_dim absent, so D = 4096 / 32 = 128",
         ),
         bench_name="mixtral",
+        short="Mixtral",
     ),
     # 2 x I=256 per token: the same expert width per token as the 8 x I=64 of the other tiny models
     tiny=Tiny(intermediate=256, experts=8, top_k=2, kv_heads=2),

@@ -24,6 +24,7 @@ ARCH = Arch(
             "data/receipts/anchors/decode_h200_2026-12-02.json",
         ),
         bench_name="olmoe",
+        short="OLMoE",
     ),
     # OLMoE: no grouped-query attention, router probabilities not renormalised over the top-k
     tiny=Tiny(intermediate=64, experts=32, top_k=8, kv_heads=4, extra=frozen_map({"norm_topk_prob": False})),

@@ -33,13 +33,15 @@ ARCH = Arch(
         citations=(
             "Qwen/Qwen1.5-MoE-A2.7B config.json, as copied with _name_or_path Qwen/Qwen1.5-MoE-A2.7B in "
             "https://huggingface.co/MaziyarPanahi/Qwen1.5-MoE-A2.7B-Wikihow/blob/main/config.json and (with "
-            "bos_token_id 151643) https://huggingface.co/RichardErkhov/Qwen_-_Qwen1.5-MoE-A2.7B-8bits/blame/main/config.json",
+            "bos_token_id 151643) "
+            "https://huggingface.co/RichardErkhov/Qwen_-_Qwen1.5-MoE-A2.7B-8bits/blame/main/config.json",
             "transformers 5.23 Qwen2MoeConfig (documented checkpoint Qwen/Qwen1.5-MoE-A2.7B) has the same defaults: "
             "hidden 2048, moe_intermediate 1408, shared_expert_intermediate 5632, 60 experts, top-4, 16 heads; "
             "qkv_bias is absent from config.json and True by default ('attention QKV bias', "
             "https://huggingface.co/docs/transformers/en/model_doc/qwen2_moe)",
             "head_dim absent: D = 2048 / 16 = 128",
         ),
+        short="Qwen2-MoE",
     ),
     # not trained here: the tests build it with random weights (a shared expert of 2 x I, as 4 x 1408 = 5632
     # is 4 routed widths in the published model)

@@ -25,6 +25,7 @@ ARCH = Arch(
             "(zyzshishui/slime scripts/models/qwen3-30B-A3B.sh): q 4096x2048, o 2048x4096",
         ),
         bench_name="qwen3",          # the name the recorded bench receipts use for it
+        short="Qwen3",
     ),
     # every layer sparse (decoder_sparse_step 1); intermediate_size is the dense MLP's width, unused here
     tiny=Tiny(intermediate=64, experts=32, top_k=8, kv_heads=2,

@@ -20,7 +20,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ..archs import arch_of
 from .layout import attention, decoder_layers, model_arch, moe_block
+from .layout import router as router_of
 from .modules import Int4Linear, _Int4Module
 
 
@@ -163,9 +165,10 @@ def fuse_decode(model, *, qkv: bool = True, router: bool = True, norms: bool = T
         if qkv:
             done["qkv"] += fuse_qkv(attention(layer, arch))
         moe = moe_block(layer, arch)
-        if router and moe is not None and not isinstance(moe.gate, FusedRouter):
+        gate = router_of(layer, arch)
+        if router and moe is not None and not isinstance(gate, FusedRouter):
             try:
-                moe.gate = FusedRouter.from_router(moe.gate)
+                setattr(moe, arch_of(model).layout.router, FusedRouter.from_router(gate))
                 done["router"] += 1
             except ValueError as e:
                 done["left"].append(f"layer {li} router: {e}")

@@ -54,7 +54,8 @@ def model_arch(model) -> str:
     return get(getattr(getattr(model, "config", None), "model_type", None)).name
 
 
-def _get(obj, dotted: str):
+def module_at(obj, dotted: str):
+    """obj.a.b.c for dotted "a.b.c" (the record's paths, e.g. layout.layers = "model.layers")."""
     for part in dotted.split("."):
         obj = getattr(obj, part)
     return obj
@@ -65,7 +66,7 @@ def _arch(arch) -> Arch:
 
 
 def decoder_layers(model) -> nn.ModuleList:
-    return _get(model, get(model_arch(model)).layout.layers)
+    return module_at(model, get(model_arch(model)).layout.layers)
 
 
 def attention(layer, arch) -> nn.Module:
@@ -95,6 +96,13 @@ def shared_expert(layer, arch):
     lay = _arch(arch).layout
     moe = moe_block(layer, arch)
     return None if moe is None or lay.shared_expert is None else getattr(moe, lay.shared_expert)
+
+
+def shared_gate(layer, arch):
+    """The nn.Linear [1, H] whose sigmoid scales the shared expert's output (Qwen2-MoE), or None."""
+    lay = _arch(arch).layout
+    moe = moe_block(layer, arch)
+    return None if moe is None or lay.shared_gate is None else getattr(moe, lay.shared_gate)
 
 
 def shared_proj(layer, arch) -> tuple:

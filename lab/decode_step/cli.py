@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         print(f"[{time.time() - t0:6.1f} s] {msg}", flush=True)
 
     ok = True
-    for arch in [a for a in ORDER if a in args.arch]:
+    for arch in [a for a in ORDER if a in args.arch] + [a for a in args.arch if a not in ORDER]:
         r = bench.Run(arch, args, save, log, deadline, prior=prior.get(arch))
         archs[arch] = r.rec
         r.run()
