@@ -10,11 +10,13 @@
 #            synccheck and initcheck on the same cases at small shapes
 #   bench    every decode shape and MoE layer beside its peers and the read floor (lab.bench)
 #   step     the whole-model decode step, int4 and bf16, eager and graphed (lab.decode_step)
+#   qwen2moe the same decode step on Qwen2-MoE (Qwen1.5-MoE-A2.7B's published widths: a shared expert beside
+#            60 routed ones), its own receipt
 #   gate     the README's gate command on truncated-depth synthetic OLMoE checkpoints (lab.realscale_gate)
 #   prefill  many-row int4 scoring against bf16 (lab.prefill_bench)
 # Writes under $OUT, every receipt named for the card (h100 / h200): cuda_tests_<card>.txt, replay_check.json,
-# sanitizer_<card>.txt, decode_<card>.json, decode_step_<card>.json, realscale_gate_olmoe_<card>.json,
-# prefill_<card>.json. Carried wheels in .whl/ (git-ignored) are installed first: transformers (the pinned
+# sanitizer_<card>.txt, decode_<card>.json, decode_step_<card>.json, decode_step_qwen2_moe_<card>.json,
+# realscale_gate_olmoe_<card>.json, prefill_<card>.json. Carried wheels in .whl/ (git-ignored) are installed first: transformers (the pinned
 # version; the image's is older) and GemLite (a peer column of the bench).
 set -uo pipefail
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -56,6 +58,12 @@ if [[ $STAGES == *step* ]]; then
   timeout $(( ${STEP_BUDGET_S:-500} + 50 )) python3 -m lab.decode_step --budget-s ${STEP_BUDGET_S:-500} \
     --batches 1 16 --contexts 256 4096 --impls batched_mm grouped_mm --compile-states bf16 int4_fused \
     --samples 7 --replays 8 --eager-samples 2 --out "$OUT/decode_step_$card.json" 2>&1 | tail -40
+fi
+if [[ $STAGES == *qwen2moe* ]]; then
+  stage "decode step, Qwen2-MoE"
+  timeout $(( ${STEP_BUDGET_S:-420} + 50 )) python3 -m lab.decode_step --arch qwen2_moe --budget-s ${STEP_BUDGET_S:-420} \
+    --batches 1 16 --contexts 256 4096 --impls batched_mm grouped_mm --compile-states bf16 int4_fused \
+    --samples 7 --replays 8 --eager-samples 2 --out "$OUT/decode_step_qwen2_moe_$card.json" 2>&1 | tail -40
 fi
 if [[ $STAGES == *prefill* ]]; then
   stage "prefill"

@@ -209,3 +209,21 @@ def test_source_export_and_routing_refusal(tmp_path):
     m.config.norm_topk_prob = True
     with pytest.raises(ValueError, match="norm_topk_prob = True.*qwen2moe graph does not renormalise"):
         ex.write_gguf(m, tmp_path / "x.gguf")
+
+
+def test_decode_step_cli_runs_qwen2_moe(tmp_path):
+    """The decode-step driver on the published structure at tiny width (the GPU stage `qwen2moe` of
+    lab/gpu_run.sh runs it at Qwen1.5-MoE-A2.7B's widths): bf16, int4 and fused int4 states, eager."""
+    import json
+    from lab.decode_step import cli
+    out = tmp_path / "d.json"
+    rc = cli.main(["--arch", "qwen2_moe", "--width", "tiny", "--contexts", "64", "--batches", "1",
+                   "--impls", "batched_mm", "--runs", "eager", "--greedy-steps", "2", "--prompt", "4",
+                   "--eager-steps", "2", "--eager-warmup", "1", "--eager-samples", "1", "--out", str(out)])
+    assert rc == 0
+    a = json.loads(out.read_text())["archs"]["qwen2_moe"]
+    assert not a["errors"], a["errors"]
+    assert a["config"]["shared_expert_intermediate_size"] == 128 and a["config"]["num_experts"] == 60
+    b = a["bytes"]["int4 B1 C64"]
+    assert b["distinct_experts"] == 4.0 and b["shared_expert"] > 0                  # top-4 of 60, and the shared MLP
+    assert b["total"] < a["bytes"]["bf16 B1 C64"]["total"]

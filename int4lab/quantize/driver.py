@@ -117,8 +117,9 @@ def quantize_model(model, scheme: str = "rtn", targets: str = "experts", act: st
     by dither_seed); "gptq" needs calib_ids (int64 [B, T]) and packs with `int4lab.gptq.gptq_pack_int4_b32`,
     calibrated layer by layer (see module docstring). Experts with fewer than min_rows routed calibration rows
     (default None: max(H, I), the K of their widest input) fall back to round-to-nearest, listed in the report.
-    targets: "experts" or "experts+attn". act: "int8" (W4A8) or "bf16" (W4A16). lm_head=True packs the
-    lm_head round-to-nearest (never calibrated). The router is never quantised.
+    targets: "experts" (with a shared expert's projections, where the architecture has one) or "experts+attn".
+    act: "int8" (W4A8) or "bf16" (W4A16). lm_head=True packs the lm_head round-to-nearest (never calibrated).
+    The router (and a shared expert's gate) is never quantised.
 
     The report's `timing` holds one dict per layer, in seconds (synchronised on CUDA): round-to-nearest
     {"layer", "pack_s"}; GPTQ {"layer", "calib_s" (the hooked forward that fills the Hessians), "attn_pack_s",
