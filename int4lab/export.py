@@ -205,29 +205,25 @@ def _check_mappable(model) -> str:
     return gguf_arch
 
 
-def _head_dim(cfg) -> int:
-    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-
-
 def add_hparams(writer, model) -> None:
     """The {arch}.* keys llama.cpp reads for this model (names as llama.cpp's converter writes them)."""
     cfg = model.config
     a = arch_of(model)
     ex = a.sizes(cfg)
     writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_embedding_length(ex["hidden"])
+    writer.add_block_count(ex["layers"])
     writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_key_length(_head_dim(cfg))
-    writer.add_value_length(_head_dim(cfg))
-    writer.add_rope_dimension_count(_head_dim(cfg))
+    writer.add_head_count(ex["heads"])
+    writer.add_head_count_kv(ex["kv_heads"])
+    writer.add_key_length(ex["head_dim"])
+    writer.add_value_length(ex["head_dim"])
+    writer.add_rope_dimension_count(ex["head_dim"])
     writer.add_rope_freq_base(float((cfg.rope_parameters or {}).get("rope_theta", 10000.0)))
     writer.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
     writer.add_expert_count(ex["experts"])
     writer.add_expert_used_count(ex["top_k"])
-    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_vocab_size(ex["vocab"])
     if a.gguf.expert_ff:
         writer.add_expert_feed_forward_length(ex["intermediate"])
     if a.gguf.shared_ff:

@@ -136,14 +136,3 @@ class Arch:
     @property
     def full_layers(self) -> int:
         return self.published.config[self.keys.layers]
-
-    # --- walking a model --------------------------------------------------------------------------------
-    def shared_modules(self, moe) -> dict:
-        """{name: nn.Linear-like} of the shared expert's projections and its gate ({} without a shared expert)."""
-        lay = self.layout
-        if lay.shared_expert is None or moe is None:
-            return {}
-        mlp = getattr(moe, lay.shared_expert)
-        out = {p: getattr(mlp, p) for p in lay.shared_proj}
-        out[lay.shared_gate] = getattr(moe, lay.shared_gate)
-        return out
