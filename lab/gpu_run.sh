@@ -9,15 +9,19 @@
 #            counters back at zero (lab.tune.replay_check), and compute-sanitizer's memcheck, racecheck,
 #            synccheck and initcheck on the same cases at small shapes
 #   bench    every decode shape and MoE layer beside its peers and the read floor (lab.bench)
-#   step     the whole-model decode step, int4 and bf16, eager and graphed (lab.decode_step)
+#   step     the whole-model decode step, int4 (three forms) and bf16, eager, graphed, compiled (lab.decode_step)
 #   qwen2moe the same decode step on Qwen2-MoE (Qwen1.5-MoE-A2.7B's published widths: a shared expert beside
 #            60 routed ones), its own receipt
 #   gate     the README's gate command on truncated-depth synthetic OLMoE checkpoints (lab.realscale_gate)
 #   prefill  many-row int4 scoring against bf16 (lab.prefill_bench)
+#   peers    the bench again with the peers built outside the repository: Marlin (a peer row) and llama.cpp's
+#            CUDA backend (ggml test-backend-ops perf, merged into the receipt); runs .peers/run.sh, which builds
+#            both from source carried in .peers/ (git-ignored), or skips when .peers/ is absent. Writes
+#            decode_<card>.json, ggml_<card>.txt, ggml_cases.txt and the build logs under peers/.
 # Writes under $OUT, every receipt named for the card (h100 / h200): cuda_tests_<card>.txt, replay_check.json,
 # sanitizer_<card>.txt, decode_<card>.json, decode_step_<card>.json, decode_step_qwen2_moe_<card>.json,
-# realscale_gate_olmoe_<card>.json, prefill_<card>.json. Carried wheels in .whl/ (git-ignored) are installed first: transformers (the pinned
-# version; the image's is older) and GemLite (a peer column of the bench).
+# realscale_gate_olmoe_<card>.json, prefill_<card>.json. Carried wheels in .whl/ (git-ignored) are installed
+# first: transformers (the pinned version; the image's is older) and GemLite (a peer column of the bench).
 set -uo pipefail
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -36,7 +40,8 @@ STAGES=${STAGES:-checks}
 if [[ $STAGES == *checks* ]]; then
   stage "CUDA tests"
   timeout ${TESTS_S:-200} python3 -m pytest -q -m "not notebook" -p no:cacheprovider ${TESTS:-tests/test_kernels.py \
-    tests/test_prefill.py tests/test_ops.py tests/test_fused.py tests/test_decode_step.py tests/test_w4a16_cutlass.py} \
+    tests/test_prefill.py tests/test_ops.py tests/test_fused.py tests/test_attention.py tests/test_decode_step.py \
+    tests/test_w4a16_cutlass.py} \
     2>&1 | tee "$OUT/cuda_tests_$card.txt" | tail -8
   stage "graph replays"
   timeout 90 python3 -m lab.tune.replay_check --out "$OUT/replay_check.json" | tail -3
@@ -53,16 +58,34 @@ if [[ $STAGES == *bench* ]]; then
   timeout $(( ${BENCH_BUDGET_S:-250} + 80 )) python3 -m lab.bench --budget-s ${BENCH_BUDGET_S:-250} \
     --out "$OUT/decode_$card.json" | tail -4
 fi
+if [[ $STAGES == *peers* ]]; then
+  stage "peers (Marlin, llama.cpp) and the decode bench"
+  if [ -f .peers/run.sh ]; then
+    OUT="$OUT" CARD=$card timeout ${PEERS_S:-540} bash -x .peers/run.sh 2> "$OUT/peers_trace.txt"
+  else
+    echo "no .peers/ here: the peers stage needs the peers' source carried in .peers/ (skipped)"
+  fi
+fi
 if [[ $STAGES == *step* ]]; then
   stage "decode step"
-  timeout $(( ${STEP_BUDGET_S:-500} + 50 )) python3 -m lab.decode_step --budget-s ${STEP_BUDGET_S:-500} \
-    --batches 1 16 --contexts 256 4096 --impls batched_mm grouped_mm --compile-states bf16 int4_fused \
-    --samples 7 --replays 8 --eager-samples 2 --out "$OUT/decode_step_$card.json" 2>&1 | tail -40
+  # One call fits the stage's 9 minutes at one context: the default is context 256 (batches 1 and 16, every state,
+  # compiled bf16 and int4_fused2); a second call adds context 4096 to the first's receipt, e.g.
+  #   STEP_CONTEXTS=4096 STEP_PARTS="times floors" STEP_RUNS="eager graphed" STEP_PRIOR=<first receipt>
+  # (the architectures share the budget evenly: what one leaves goes to the next).
+  timeout $(( ${STEP_BUDGET_S:-470} + 50 )) python3 -m lab.decode_step --budget-s ${STEP_BUDGET_S:-470} \
+    --batches ${STEP_BATCHES:-1 16} --contexts ${STEP_CONTEXTS:-256} --impls batched_mm grouped_mm \
+    --states ${STEP_STATES:-bf16 int4 int4_fused int4_fused2} --runs ${STEP_RUNS:-eager graphed compiled} \
+    --compile-states ${STEP_COMPILE:-bf16 int4_fused2} --parts ${STEP_PARTS:-times floors greedy host breakdown} \
+    --breakdown-states ${STEP_BREAKDOWN:-int4_fused int4_fused2} \
+    --samples 7 --replays 8 --eager-samples 2 ${STEP_PRIOR:+--prior "$STEP_PRIOR"} \
+    --out "$OUT/decode_step_$card${STEP_TAG:-}.json" 2>&1 | tail -40
 fi
 if [[ $STAGES == *qwen2moe* ]]; then
   stage "decode step, Qwen2-MoE"
-  timeout $(( ${STEP_BUDGET_S:-420} + 50 )) python3 -m lab.decode_step --arch qwen2_moe --budget-s ${STEP_BUDGET_S:-420} \
-    --batches 1 16 --contexts 256 4096 --impls batched_mm grouped_mm --compile-states bf16 int4_fused \
+  timeout $(( ${STEP_BUDGET_S:-470} + 50 )) python3 -m lab.decode_step --arch qwen2_moe --budget-s ${STEP_BUDGET_S:-470} \
+    --batches 1 16 --contexts ${STEP_CONTEXTS:-256} --impls batched_mm grouped_mm \
+    --states bf16 int4 int4_fused int4_fused2 --runs eager graphed compiled --compile-states bf16 int4_fused2 \
+    --parts times floors greedy host breakdown --breakdown-states int4_fused int4_fused2 \
     --samples 7 --replays 8 --eager-samples 2 --out "$OUT/decode_step_qwen2_moe_$card.json" 2>&1 | tail -40
 fi
 if [[ $STAGES == *prefill* ]]; then

@@ -28,6 +28,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab.bench import peer_table
 from lab.bench.decide import decided
 from lab.bench.schema import DEFAULT_OUT, OURS_MOE, validate_receipt
 from int4lab.paths import RECEIPTS
@@ -230,8 +231,8 @@ def moe_tile(model: str, tokens: int, generation: str = "sm90"):
 
 def moe_table(rec, anchors=()) -> str:
     anchors = same_card(rec, anchors)
-    head = ["model", "tokens", "experts read", "read floor", "int4-b32 routed GEMV", "int4-b32 grouped",
-            "best int4 / floor", "bf16 loop", "grouped_mm (bf16)", "llama.cpp Q4_0 routed (recorded)"]
+    head = ["model", "tokens", "experts read", "read floor", "bf16 at its read floor", "int4-b32 routed GEMV",
+            "int4-b32 grouped", "best int4 / floor", "bf16 loop", "grouped_mm (bf16)", "llama.cpp Q4_0 routed (recorded)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for model, R in moe_keys(rec):
         w = {"model": model, "layer": "moe", "rows": R}
@@ -241,7 +242,8 @@ def moe_table(rec, anchors=()) -> str:
         n_active = next((r["n_active"] for r in mine if "n_active" in r), None)
         best, fl = best_ours_moe(rec, model, R), _floor(here)
         llama = llama_moe_us(anchors, MODELS[model]) if R == 1 and model in MODELS else None
-        cells = [model, str(R), "–" if n_active is None else str(n_active), _f(fl)]
+        cells = [model, str(R), "–" if n_active is None else str(n_active), _f(fl),
+                 _f(peer_table.bf16_floor_us(rec, model, R))]     # the bf16 peers' bytes at this run's floor curve
         cells += [_f(_us(rec, i, **w)) for i in OURS_MOE] + [_f(_ratio(best, fl), 2)]
         cells += [_vs(_us(rec, i, **w), best) for i in MOE_PEERS] + [_vs(llama, best)]
         lines.append(_line(cells))
@@ -543,6 +545,7 @@ def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
            " **Partial run**: the harness stopped before its schedule was done."),
         "**Batch-1 GEMV, µs**\n\n" + gemv_table(rec, anchors),
         "**MoE layer (gate_up, SwiGLU, down, weighted combine), µs**\n\n" + moe_table(rec, anchors),
+        peer_table.render(rec),          # every implementation over its own read floor (lab/bench/peer_table.py)
         f"**Targets: {n_pass} of {len(checks)} met, {n_open} undecided, {n_none} not measured**"
         + (f" (undecided: met or missed by less than {100 * spread:.1f} %, the 90th percentile of how far the same "
            "torch kernels' medians moved between two bench runs, `report.run_to_run`)" if spread else "")
@@ -561,7 +564,7 @@ def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
 
 # ---- figures (matplotlib imported only here) ------------------------------------------------------------
 GEMV_COLORS = {"int4_b32": "tab:red", "w4a16_cutlass": "tab:orange", "bf16": "tab:gray", "tinygemm": "tab:blue",
-               "gemlite": "tab:green"}
+               "gemlite": "tab:green", "marlin": "tab:cyan"}
 MOE_COLORS = {"int4_b32_moe": "tab:red", "int4_b32_grouped": "tab:purple", "bf16_loop": "tab:gray",
               "grouped_mm": "tab:brown"}
 
@@ -570,7 +573,8 @@ GEMV_LABELS = {"int4_b32": "int4_b32 (ours, W4A8, tuned plan)",
                "w4a16_cutlass": "w4a16_cutlass (ours, W4A16, untuned)",
                "bf16": "bf16 cuBLAS (16-bit weights)",
                "tinygemm": "tinygemm (torch, W4A16)",
-               "gemlite": "GemLite (W4A16)"}
+               "gemlite": "GemLite (W4A16)",
+               "marlin": "Marlin (W4A16 g128)"}
 
 
 def floor_fixed_share(rec) -> dict[int, float]:

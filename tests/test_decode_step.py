@@ -96,16 +96,17 @@ def test_cli_runs_end_to_end(tmp_path):
     a = rec["archs"]["mixtral"]
     assert not a["errors"], a["errors"]
     got = {(r["state"], r["impl"], r["run"], r["batch"]) for r in a["rows"]}
-    assert a["states"] == ["bf16", "int4", "int4_fused"]
+    assert a["states"] == ["bf16", "int4", "int4_fused", "int4_fused2"]
     for st in a["states"]:
         impl = "batched_mm" if st == "bf16" else None
         assert (st, impl, "eager", 1) in got and (st, impl, "eager", 2) in got
         compiled = {(s, r, b) for s, _, r, b in got if r == "compiled"}       # bf16's: its fastest impl, timed
-        assert ((st, "compiled", 1) in compiled) == (st != "int4_fused")     # --compile-states: bf16 int4
+        assert ((st, "compiled", 1) in compiled) == (st in ("bf16", "int4"))  # --compile-states: bf16 int4
     assert all(set(r["step_us"]) == {"1", "2"} and "formula" in r for r in a["rows"])
     assert a["bytes"]["int4 B1 C64"]["distinct_experts"] == 2.0                  # Mixtral routes top-2
     assert a["bytes"]["int4 B2 C64"]["total"] < a["bytes"]["bf16 B2 C64"]["total"]
     assert len(a["greedy"]["tokens_eager"]) == 3 and a["greedy"]["equal"] is None
+    assert set(a["greedy"]["states"]) == {"int4", "int4_fused2"}
     assert set(a["summary"]) == {"B1 C64", "B2 C64"}
     assert "int4_eager_over_default_bf16_eager" in a["summary"]["B1 C64"] or "int4_eager_over_best_bf16_eager" in \
         a["summary"]["B1 C64"]

@@ -105,7 +105,7 @@ def test_fuse_decode_replaces_the_pieces_and_keeps_the_logits(device, arch):
     m = quantised(arch, device)
     f = Q.fuse_decode(copy.deepcopy(m))
     lay = f.model.layers[0]
-    assert f.int4_fused == {"qkv": 2, "router": 2, "norms": f.int4_fused["norms"], "left": []}
+    assert f.int4_fused == {"qkv": 2, "router": 2, "norms": f.int4_fused["norms"], "attention": 2, "left": []}
     qk = len(get(arch).layout.qk_norms)                                    # 2 per layer (+ q/k norms) + the final
     assert f.int4_fused["norms"] == 2 * (2 + qk) + 1
     assert isinstance(lay.mlp.gate, Q.FusedRouter) and isinstance(lay.input_layernorm, Q.FusedRMSNorm)

@@ -37,3 +37,33 @@ def test_norm_and_router_kernels_compile_for_sm90():
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["compiled", "0", "compiled", "1", "compiled", "2"]
+
+
+ATTENTION = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from int4lab.kernels.attention_kernel import decode_attention_kernel
+
+SIG = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16", qw_ptr="*bf16",
+           kw_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16", len_ptr="*i64", mask_ptr="*u8", out_ptr="*bf16",
+           part_ptr="*fp32", cnt_ptr="*i32", stride_q="i32", stride_k="i32", stride_v="i32", stride_cs="i32",
+           stride_mb="i32", stride_mc="i32", C="i32", scaling="fp32", eps_q="fp32", eps_k="fp32")
+for name, hq, hkv, norm in (("olmoe", 16, 16, 2), ("qwen3_moe", 32, 4, 1), ("mixtral", 32, 8, 0)):
+    for splits in (1, 16):
+        cst = dict(HQ=hq, HKV=hkv, G=hq // hkv, GP=max(16, hq // hkv), D=128, DH=64, DHP=64, NORM=norm,
+                   QNP=triton.next_power_of_2(hq * 128), KNP=triton.next_power_of_2(hkv * 128), BLOCK_N=64, SPL=256,
+                   SPLITS=splits, HAS_MASK=True, USE_LIBDEVICE=True)
+        triton.compile(ASTSource(fn=decode_attention_kernel, signature=dict(SIG, **{k: "constexpr" for k in cst}),
+                                 constexprs=cst), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    print("compiled", name)
+"""
+
+
+def test_decode_attention_kernel_compiles_for_sm90():
+    """The three models' head layouts (OLMoE's whole-row q/k norm, Qwen3's per-head norm, Mixtral's none), one
+    split and sixteen."""
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(il.ROOT)}
+    out = subprocess.run([sys.executable, "-c", ATTENTION], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["compiled", "olmoe", "compiled", "qwen3_moe", "compiled", "mixtral"]

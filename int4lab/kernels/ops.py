@@ -7,6 +7,8 @@ L = T * A routed rows, E = experts, H = hidden size, I = expert intermediate siz
     moe(x, ids, w, gu_p, gu_s, dn_p, dn_s)       x [T, H] -> bf16 [T, H]          op int4lab::moe
     rms_norm(x, weight, eps)                     x [R, N] -> [R, N]               op int4lab::rms_norm
     router(x, weight, top_k, renorm, dtype)      x [T, H] -> logits, weights, ids op int4lab::router
+    decode_attention(q, k, v, cos, sin, caches, length, ...) -> bf16 [B, HQ*D]   op int4lab::decode_attention
+                                                 (mutates the caches and the length: attention.py)
 
 Why a second entry beside the public launchers (gemv.int4_linear, moe.moe_decode_step): an eager decode step
 is host-bound, and the public launchers check every tensor on every call, resolve their launch plan (twice
@@ -31,10 +33,11 @@ from . import plan as _plan
 from .gemv import MAX_GRID_ROWS, check_linear
 from .gemv_dp4a import X_FLOAT, X_SWIGLU
 from .launch import run_gemv, run_grouped, run_quant_rows, run_w4a16
+from .attention import check_decode_attention, run_decode_attention
 from .norm import check_rms_norm, run_rms_norm
 from .router import check_router, run_router
 
-__all__ = ["linear", "moe", "rms_norm", "router", "signature", "clear_caches"]
+__all__ = ["linear", "moe", "rms_norm", "router", "decode_attention", "signature", "clear_caches"]
 
 _PREPARED: dict = {}        # signature -> what the first call with it resolved (plans, flags)
 
@@ -233,3 +236,43 @@ def router(x, weight, top_k: int, renorm: bool, weights_dtype: torch.dtype):
     if torch.compiler.is_compiling():
         return router_op(x, weight, top_k, renorm, weights_dtype)
     return _router_impl(x, weight, top_k, renorm, weights_dtype)
+
+
+# ------------------------------------------------------------------------------------------ decode attention
+
+def _decode_attention_impl(q, k, v, cos, sin, k_cache, v_cache, length, q_norm, k_norm, norm, eps_q, eps_k,
+                           scaling, mask):
+    key = signature("decode_attention", *(t for t in (q, k, v, cos, sin, k_cache, v_cache, length, q_norm, k_norm,
+                                                       mask) if t is not None), extra=(norm, q_norm is None,
+                                                                                      mask is None))
+    if key not in _PREPARED:
+        check_decode_attention(q, k, v, cos, sin, k_cache, v_cache, length, q_norm, k_norm, norm, mask, None)
+        _PREPARED[key] = True
+    out = torch.empty(q.shape[0], q.shape[1], dtype=torch.bfloat16, device=q.device)
+    return run_decode_attention(q, k, v, cos, sin, k_cache, v_cache, length, q_norm, k_norm, norm, eps_q, eps_k,
+                                scaling, mask, out)
+
+
+@torch.library.custom_op("int4lab::decode_attention", mutates_args=("k_cache", "v_cache", "length"))
+def decode_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                        k_cache: torch.Tensor, v_cache: torch.Tensor, length: torch.Tensor,
+                        q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, norm: str, eps_q: float,
+                        eps_k: float, scaling: float, mask: torch.Tensor | None) -> torch.Tensor:
+    """attention.decode_attention as one opaque op: writes the caches at length[], advances it -> bf16 [B, HQ*D]."""
+    return _decode_attention_impl(q, k, v, cos, sin, k_cache, v_cache, length, q_norm, k_norm, norm, eps_q, eps_k,
+                                  scaling, mask)
+
+
+@decode_attention_op.register_fake
+def _(q, k, v, cos, sin, k_cache, v_cache, length, q_norm, k_norm, norm, eps_q, eps_k, scaling, mask):
+    return q.new_empty(q.shape, dtype=torch.bfloat16)
+
+
+def decode_attention(q, k, v, cos, sin, k_cache, v_cache, length, q_norm, k_norm, norm: str, eps_q: float,
+                     eps_k: float, scaling: float, mask=None) -> torch.Tensor:
+    """attention.decode_attention's contract (every argument given), checked once per signature."""
+    if torch.compiler.is_compiling():
+        return decode_attention_op(q, k, v, cos, sin, k_cache, v_cache, length, q_norm, k_norm, norm, eps_q, eps_k,
+                                   scaling, mask)
+    return _decode_attention_impl(q, k, v, cos, sin, k_cache, v_cache, length, q_norm, k_norm, norm, eps_q, eps_k,
+                                  scaling, mask)

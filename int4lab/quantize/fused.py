@@ -7,6 +7,8 @@ Shape legend: R = rows (tokens), H = hidden size, E = experts, A = experts per t
     FusedRouter    a MoE router: its GEMV, softmax, top-k and renormalisation in one launch (kernels/router.py)
     QKVSlice       q_proj, k_proj, v_proj as views of one Int4Linear over the concatenated packs (attention's
                    `qkv_proj`): one GEMV launch reads all three; k and v are the slices of the q call's output
+    FusedAttention (fused_attention.py) a single-token step over a StaticCache: q/k norm, rope, the cache write
+                   and attention in one launch (kernels/attention.py); other calls run the model's forward
 
 The module tree keeps transformers' names (q_proj, k_proj, v_proj, gate, *norm), so the model's own forward,
 `generate`, hooks and CUDA-graph capture run unchanged. Which router arithmetic each model needs (renormalised
@@ -21,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from ..archs import arch_of
-from .layout import attention, decoder_layers, model_arch, moe_block
+from .layout import attention as attention_of, decoder_layers, model_arch, moe_block
 from .layout import router as router_of
 from .modules import Int4Linear, _Int4Module
 
@@ -157,13 +159,16 @@ def _is_rms_norm(m: nn.Module) -> bool:
             and m.weight.dim() == 1 and isinstance(getattr(m, "variance_epsilon", None), float))
 
 
-def fuse_decode(model, *, qkv: bool = True, router: bool = True, norms: bool = True):
+def fuse_decode(model, *, qkv: bool = True, router: bool = True, norms: bool = True, attention: bool = True):
     """Fuse `model` in place (module doc); returns it, with `model.int4_fused` counting what was fused."""
+    from .fused_attention import fuse_attention
     arch = model_arch(model)
-    done = {"qkv": 0, "router": 0, "norms": 0, "left": []}
+    done = {"qkv": 0, "router": 0, "norms": 0, "attention": 0, "left": []}
     for li, layer in enumerate(decoder_layers(model)):
         if qkv:
-            done["qkv"] += fuse_qkv(attention(layer, arch))
+            done["qkv"] += fuse_qkv(attention_of(layer, arch))
+        if attention:
+            done["attention"] += fuse_attention(layer, arch_of(model).layout.attn)
         moe = moe_block(layer, arch)
         gate = router_of(layer, arch)
         if router and moe is not None and not isinstance(gate, FusedRouter):

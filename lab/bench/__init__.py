@@ -27,7 +27,10 @@ Method (what one `us` means; `timing.py`):
     reason -- never a row.
 
 Modules: schema (receipt keys, validation), traffic (byte formulas), timing (the CUDA-graph timer), floor
-(the read-only kernel), peers (registries: name -> prepare function), harness (schedule, rows, run), cli.
+(the read-only kernel), peers (registries: name -> prepare function), harness (schedule, rows, run), cli;
+peers built outside the repository: marlin_peer (Marlin W4A16 through ctypes, skipped where not built),
+ggml_peer (llama.cpp's CUDA backend: its case list, its output parsed and merged into the receipt), and
+peer_table (every implementation over its own read floor).
 Shapes come from `int4lab.shapes`.
 
 Shape legend: E = experts, N = out features, K = in features, R = rows (tokens), H = hidden, I = expert

@@ -148,9 +148,22 @@ def prep_w4a16_cutlass(W, x, copies) -> Prepared:
                     q.nbytes + s.nbytes, 2 ** -6)
 
 
+def prep_marlin(W, x, copies) -> Prepared:
+    """Marlin (W4A16, fp16 scale per 128, its own layout; built outside the repository: lab/bench/marlin_peer.py)."""
+    from lab.bench import marlin_peer as mp
+    try:
+        mp.library(), mp.packer()            # before any packing: a missing build is skipped at once
+        B, s, wq = mp.pack(W)
+        x16 = x.to(torch.float16)
+        calls = [mp.mul_call(x16, b, t, W.shape[0]) for b, t in _copies(copies, B, s)]
+    except mp.MarlinMissing as e:
+        raise Skip(str(e)) from None
+    return Prepared(calls, x16.float() @ wq.t(), B.nbytes + s.nbytes, 2 ** -6)
+
+
 GEMV_PEERS: dict[str, Callable[..., Prepared]] = {
     "int4_b32": prep_int4_b32, "w4a16_cutlass": prep_w4a16_cutlass, "bf16": prep_bf16,
-    "tinygemm": prep_tinygemm, "gemlite": prep_gemlite,
+    "tinygemm": prep_tinygemm, "gemlite": prep_gemlite, "marlin": prep_marlin,
 }
 
 

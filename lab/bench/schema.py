@@ -17,10 +17,16 @@ from int4lab.paths import RECEIPTS
 
 DEFAULT_OUT = RECEIPTS / "decode_h100.json"     # the current decode receipt (its card in the name)
 
-GEMV_IMPLS = ("int4_b32", "w4a16_cutlass", "bf16", "tinygemm", "gemlite")
+GEMV_IMPLS = ("int4_b32", "w4a16_cutlass", "bf16", "tinygemm", "gemlite", "marlin")
 MOE_IMPLS = ("int4_b32_moe", "bf16_loop", "grouped_mm", "int4_b32_grouped")
 OURS_MOE = ("int4_b32_moe", "int4_b32_grouped")
 IMPLS = GEMV_IMPLS + MOE_IMPLS
+# Rows merged in from llama.cpp's CUDA backend, never scheduled by the bench (lab/bench/ggml_peer.py): dense
+# MUL_MAT, and ("_moe") a one-token MoE layer's MUL_MAT_IDs; timed by ggml's test-backend-ops perf (eager stream,
+# the same weights re-read) or ("_rot") by a harness over ggml with the bench's method (rotated copies, CUDA graphs).
+LLAMACPP_IMPLS = tuple(f"llamacpp_{t}{way}{moe}" for t in ("q4_0", "q4_K") for way in ("", "_rot")
+                       for moe in ("", "_moe"))
+ROW_IMPLS = IMPLS + LLAMACPP_IMPLS
 
 ROW_KEYS = ("model", "layer", "N", "K", "E", "topk", "rows", "impl", "us", "GBps")
 _INT_KEYS = ("N", "K", "E", "topk", "rows")
@@ -41,8 +47,8 @@ def validate_row(row: dict) -> None:
     missing = [k for k in ROW_KEYS if k not in row]
     if missing:
         raise ValueError(f"row is missing keys {missing}: {row}")
-    if row["impl"] not in IMPLS:
-        raise ValueError(f"row impl must be one of {IMPLS}, got {row['impl']!r}")
+    if row["impl"] not in ROW_IMPLS:
+        raise ValueError(f"row impl must be one of {ROW_IMPLS}, got {row['impl']!r}")
     for k in ("model", "layer"):
         if not isinstance(row[k], str) or not row[k]:
             raise ValueError(f"row {k} must be a non-empty string, got {row[k]!r}")

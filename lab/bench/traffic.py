@@ -8,6 +8,7 @@ Weight-side bytes per weight element, for each implementation's storage:
   tinygemm:      4-bit code + bf16 (scale, zero) per 32     = 0.5 + 4/32
   gemlite:       4-bit code + bf16 scale + bf16 zero per 32 = 0.5 + 4/32
   w4a16_cutlass: 4-bit code + one scale per output channel  (added per row below)
+  marlin:        4-bit code + fp16 scale per 128            = 0.5 + 2/128
   bf16:          2
 Activations (x in, y out) are bf16. Our intermediates (int8 activations, split-K partials) are NOT
 counted: they are overhead, not necessity.
@@ -31,6 +32,8 @@ def gemv_bytes(impl: str, N: int, K: int, R: int = 1, scale_itemsize: int = 2) -
         return N * K // 2 + 2 * (N * K // 32) + act
     if impl in ("tinygemm", "gemlite"):
         return N * K // 2 + 4 * (N * K // 32) + act
+    if impl == "marlin":
+        return N * K // 2 + 2 * (N * K // 128) + act
     if impl == "w4a16_cutlass":
         return N * K // 2 + scale_itemsize * N + act
     raise ValueError(f"impl must be one of {GEMV_IMPLS} for gemv_bytes, got {impl!r}")

@@ -2,8 +2,9 @@
 
 Per architecture (the published configuration at real width, random weights, `--layers` decoder layers):
   * states: "bf16" (the model as built, with each transformers experts implementation), "int4"
-    (`quantize_model(model, "rtn", "experts+attn")`), and "int4_fused" (int4 plus `fuse_decode`: q/k/v in one
-    GEMV, the router in one kernel, RMSNorm in one kernel) when the library has it;
+    (`quantize_model(model, "rtn", "experts+attn")`), "int4_fused" (int4 plus `fuse_decode(attention=False)`:
+    q/k/v in one GEMV, the router in one kernel, RMSNorm in one kernel) and "int4_fused2" (the same plus
+    FusedAttention: q/k norm, rope, the cache write and attention in one launch);
   * runs: "eager" (what `generate` gives: the host launches every op), "graphed" (the step captured in one CUDA
     graph), "compiled" (each decoder layer torch.compile'd, then the step captured);
   * per (batch, context): the step time at each depth; per layer = the slope between the smallest and largest
@@ -11,7 +12,7 @@ Per architecture (the published configuration at real width, random weights, `--
   * the read floor of one layer: the bytes it must read (int4 or bf16 weights of attention and of the distinct
     routed experts, router, norms, the KV cache of the context) timed by lab.bench.floor's read-only kernel;
   * a breakdown of the graphed layer (lab.decode_step.profile) for batch 1 at the first context;
-  * greedy tokens over `--greedy-steps` steps, eager against graphed int4 (they must be equal).
+  * greedy tokens over `--greedy-steps` steps, eager against graphed, int4 and int4_fused2 (they must be equal).
 Everything lands in one receipt, rewritten after each part; a part that fails records its error and the rest run.
 """
 from __future__ import annotations
@@ -28,8 +29,10 @@ from lab.synth import FULL_LAYERS, config_fields
 from . import model as M
 from . import profile as P
 from . import step as S
+from .summary import summarise
 
-STATES = ("bf16", "int4", "int4_fused")
+STATES = ("bf16", "int4", "int4_fused", "int4_fused2")
+FUSED = {"int4_fused": False, "int4_fused2": True}     # state -> fuse_decode(attention=...)
 RUNS = ("eager", "graphed", "compiled")
 PARTS = ("times", "floors", "greedy", "host", "breakdown")
 
@@ -112,8 +115,9 @@ class Run:
         quantize_model(int4, "rtn", "experts+attn", progress=False)
         self.models["int4"] = int4
         fuse = _fuser()
-        if fuse is not None and "int4_fused" in a.states:
-            self.models["int4_fused"] = fuse(copy.deepcopy(int4))
+        for state, attn in FUSED.items():
+            if fuse is not None and state in a.states:
+                self.models[state] = fuse(copy.deepcopy(int4), attention=attn)
         self.rec["states"] = [s for s in STATES if s in self.models and s in a.states]
         return True
 
@@ -280,16 +284,21 @@ class Run:
         g = torch.Generator().manual_seed(a.seed)
         vocab = min(self.models["int4"].config.vocab_size, 4096)
         prompt = torch.randint(0, vocab, (1, a.prompt), generator=g).to(self.dev)
-        out = {"steps": a.greedy_steps, "prompt": a.prompt, "batch": 1}
-        out["tokens_eager"] = S.greedy(self.models["int4"], prompt, a.greedy_steps, graphed=False)
-        if _cuda():
-            out["tokens_graphed"] = S.greedy(self.models["int4"], prompt, a.greedy_steps, graphed=True)
-            te, tg = out["tokens_eager"], out["tokens_graphed"]
-            out["equal"] = te == tg
-            out["first_mismatch"] = next((i for i, (x, y) in enumerate(zip(te, tg)) if x != y), None)
-        else:
-            out["equal"] = None
-            out["note"] = "graph capture needs CUDA: eager tokens only"
+        out = {"steps": a.greedy_steps, "prompt": a.prompt, "batch": 1, "states": {}}
+        for state in [s for s in ("int4", "int4_fused2") if s in self.models]:
+            r = {"tokens_eager": S.greedy(self.models[state], prompt, a.greedy_steps, graphed=False)}
+            if _cuda():
+                r["tokens_graphed"] = S.greedy(self.models[state], prompt, a.greedy_steps, graphed=True)
+                te, tg = r["tokens_eager"], r["tokens_graphed"]
+                r["equal"] = te == tg
+                r["first_mismatch"] = next((i for i, (x, y) in enumerate(zip(te, tg)) if x != y), None)
+            else:
+                r["equal"] = None
+                r["note"] = "graph capture needs CUDA: eager tokens only"
+            out["states"][state] = r
+        out.update(out["states"]["int4"])                     # int4's check where earlier receipts kept it
+        eq = [r["equal"] for r in out["states"].values()]
+        out["equal"] = None if None in eq else all(eq)
         self.rec["greedy"] = out
         return out
 
@@ -315,7 +324,7 @@ class Run:
                 if "int4" in self.models and "host" in a.parts and _cuda():
                     self.part("host", self.host, 10.0)
                 if _cuda() and "breakdown" in a.parts:
-                    for state in self.rec["states"]:
+                    for state in [s for s in self.rec["states"] if s in getattr(a, "breakdown_states", STATES)]:
                         impl = self.best_impl() if state == "bf16" else None
                         self.part(f"breakdown {state} {impl or '-'} B{b} C{c}",
                                   lambda: self.breakdown(state, impl, b, c), 15.0)
@@ -349,50 +358,3 @@ def _fuser():
     except ImportError:
         return None
     return fuse_decode
-
-
-def summarise(rec: dict) -> dict:
-    """Per (batch, context): each state's best graphed layer against its floor, int4 against the best bf16 at
-    the published depth, eager int4 against eager bf16 (the default experts implementation and the best)."""
-    out = {}
-    rows = [r for r in rec["rows"] if "per_layer_us" in r]
-    for key in sorted({(r["batch"], r["context"]) for r in rows}):
-        b, c = key
-        here = [r for r in rows if (r["batch"], r["context"]) == key]
-        s = {}
-
-        def best(state, runs):
-            rs = [r for r in here if r["state"] == state and r["run"] in runs]
-            return min(rs, key=lambda r: r["full_step_us"]) if rs else None
-        fast = ("graphed", "compiled") if _cuda() or any(r["run"] == "graphed" for r in here) else ("eager",)
-        bf = best("bf16", fast)
-        for state in ("int4", "int4_fused", "bf16"):
-            for run in ("graphed", "eager", "compiled"):
-                r = best(state, (run,))
-                if r:
-                    s[f"{state}_{run}_per_layer_us"] = r["per_layer_us"]
-                    s[f"{state}_{run}_tokens_per_s"] = r["tokens_per_s"]
-            fl = rec["floors"].get(f"{'bf16' if state == 'bf16' else 'int4'} B{b} C{c}", {})
-            g = best(state, ("graphed",))
-            if fl.get("us") and g:
-                s[f"{state}_floor_us"] = fl["us"]
-                s[f"{state}_graphed_over_floor"] = g["per_layer_us"] / fl["us"]
-            if bf and state != "bf16":
-                q, qg = best(state, fast), best(state, ("graphed",))
-                if q:
-                    s[f"{state}_over_best_bf16_tokens_per_s"] = q["tokens_per_s"] / bf["tokens_per_s"]
-                if qg:
-                    s[f"{state}_graphed_over_best_bf16_tokens_per_s"] = qg["tokens_per_s"] / bf["tokens_per_s"]
-        if bf:
-            s["best_bf16"] = {"impl": bf["impl"], "run": bf["run"], "per_layer_us": bf["per_layer_us"],
-                              "tokens_per_s": bf["tokens_per_s"]}
-        be = [r for r in here if r["state"] == "bf16" and r["run"] == "eager"]
-        dflt = [r for r in be if r["impl"] == rec.get("default_experts_impl")]
-        for state in ("int4", "int4_fused"):
-            q = best(state, ("eager",))
-            if q and be:
-                s[f"{state}_eager_over_best_bf16_eager"] = q["per_layer_us"] / min(r["per_layer_us"] for r in be)
-            if q and dflt:
-                s[f"{state}_eager_over_default_bf16_eager"] = q["per_layer_us"] / dflt[0]["per_layer_us"]
-        out[f"B{b} C{c}"] = s
-    return out

@@ -66,10 +66,13 @@ def parser() -> argparse.ArgumentParser:
                          "stay in the receipt")
     ap.add_argument("--compile-states", nargs="+", choices=bench.STATES, default=["bf16", "int4"],
                     help="states measured compiled (batch 1, the first context)")
+    ap.add_argument("--breakdown-states", nargs="+", choices=bench.STATES, default=list(bench.STATES),
+                    help="states whose graphed step is profiled (the breakdown part)")
     ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled run")
     ap.add_argument("--compile-reserve-s", type=float, default=60.0,
                     help="budget a compiled run needs left before it starts")
-    ap.add_argument("--budget-s", type=float, default=420.0, help="wall-clock budget; parts past it are skipped")
+    ap.add_argument("--budget-s", type=float, default=420.0,
+                    help="wall-clock budget, shared evenly by the architectures; parts past it are skipped")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="receipt path (default runs/decode_step_<card>.json)")
     ap.add_argument("--prior", default=None,
@@ -114,8 +117,11 @@ def main(argv=None) -> int:
         print(f"[{time.time() - t0:6.1f} s] {msg}", flush=True)
 
     ok = True
-    for arch in [a for a in ORDER if a in args.arch] + [a for a in args.arch if a not in ORDER]:
-        r = bench.Run(arch, args, save, log, deadline, prior=prior.get(arch))
+    todo = [a for a in ORDER if a in args.arch] + [a for a in args.arch if a not in ORDER]
+    for n, arch in enumerate(todo):
+        # an even share of what is left: an architecture that finishes early leaves its time to the next ones
+        share = time.time() + (deadline - time.time()) / (len(todo) - n)
+        r = bench.Run(arch, args, save, log, share, prior=prior.get(arch))
         archs[arch] = r.rec
         r.run()
         save()

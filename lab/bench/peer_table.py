@@ -1,0 +1,168 @@
+"""Every implementation beside its OWN read floor: how close each peer comes to what its bytes allow.
+
+A row's own floor is the read-floor curve of the same run at the row's bytes (`bytes`: its weights, scales and
+activations): the floor kernel (lab/bench/floor.py) was timed at every int4-b32 byte count of the run (and at one
+word: the launch); between two measured counts the curve is linear, above the largest it keeps the largest's
+rate. So a bf16 row is judged against reading 2 bytes per weight, Marlin against 0.52, Q4_K against 0.56, and a
+ratio near 1 means that peer is as fast as its format allows; the format's size is the rest of the story.
+
+    python -m lab.bench.peer_table data/receipts/decode_h100.json      # print both tables
+
+Shape legend: N = out features, K = in features; MoE rows carry N = I (expert width), K = H (hidden).
+"""
+from __future__ import annotations
+
+import bisect
+import sys
+
+from lab.bench.schema import OURS_MOE
+
+GEMV_COLUMNS = (("int4_b32", "int4_b32 (ours)"), ("marlin", "Marlin W4A16 g128"),
+                ("llamacpp_q4_0", "llama.cpp CUDA Q4_0 (test-backend-ops, eager)†"),
+                ("llamacpp_q4_K", "llama.cpp CUDA Q4_K (test-backend-ops, eager)†"),
+                ("llamacpp_q4_0_rot", "llama.cpp CUDA Q4_0 (rotated, CUDA graph)‡"),
+                ("llamacpp_q4_K_rot", "llama.cpp CUDA Q4_K (rotated, CUDA graph)‡"),
+                ("tinygemm", "tinygemm int4 g32"), ("gemlite", "GemLite A16W4 g32"),
+                ("w4a16_cutlass", "w4a16_cutlass (ours, per-channel)"), ("bf16", "bf16 cuBLAS"))
+MOE_COLUMNS = (("llamacpp_q4_0_moe", "llama.cpp CUDA Q4_0 (test-backend-ops, eager)†"),
+               ("llamacpp_q4_K_moe", "llama.cpp CUDA Q4_K (test-backend-ops, eager)†"),
+               ("llamacpp_q4_0_rot_moe", "llama.cpp CUDA Q4_0 (rotated, CUDA graph)‡"),
+               ("llamacpp_q4_K_rot_moe", "llama.cpp CUDA Q4_K (rotated, CUDA graph)‡"),
+               ("bf16_loop", "bf16 loop"), ("grouped_mm", "grouped_mm (bf16)"))
+DAGGER = ("† ggml's own timer (test-backend-ops perf): an eager stream over the same weights, no rotation, so a "
+          "shape whose weights fit in L2 may be read partly from cache. ‡ ggml's library timed like the bench: weight "
+          "copies rotated past 4× L2, ggml's CUDA graphs, median of 20 samples of ≥ 16 calls by host wall clock. "
+          "Both: activations f32 (quantised to int8 blocks inside each call, as llama.cpp does); MoE: gate, up and "
+          "down MUL_MAT_ID only (no SwiGLU or combine).")
+
+
+def floor_curve(rec) -> list[tuple[int, float]]:
+    """(bytes, µs) points of the run's read floors, sorted by bytes (the one-word launch included)."""
+    pts = {f["bytes"]: f["us"] for f in rec.get("floor") or []}
+    if "launch" in rec:
+        pts.setdefault(rec["launch"]["bytes"], rec["launch"]["us"])
+    return sorted(pts.items())
+
+
+def floor_at(curve, nbytes: int) -> float | None:
+    """The read floor at `nbytes` on `curve`: linear between measured points, the largest point's rate above it,
+    the smallest point's time below it; None without points."""
+    if not curve:
+        return None
+    xs = [b for b, _ in curve]
+    i = bisect.bisect_left(xs, nbytes)
+    if i < len(xs) and xs[i] == nbytes:
+        return curve[i][1]
+    if i == 0:
+        return curve[0][1]
+    if i == len(xs):
+        b, us = curve[-1]
+        return us * nbytes / b
+    (b0, u0), (b1, u1) = curve[i - 1], curve[i]
+    return u0 + (u1 - u0) * (nbytes - b0) / (b1 - b0)
+
+
+def own_floor(rec, row: dict, curve=None) -> float | None:
+    """The row's own read floor: the run's curve at its bytes; without a curve, the row's int4-b32 floor scaled
+    by bytes (None when the row has neither)."""
+    if "bytes" not in row:
+        return None
+    curve = floor_curve(rec) if curve is None else curve
+    if curve:
+        return floor_at(curve, row["bytes"])
+    if "floor_us" in row:
+        return row["floor_us"] * row["bytes"] / row["floor_bytes"]
+    return None
+
+
+def cell(rec, row, curve=None) -> str:
+    """'µs (× own floor)' for one row, '–' for none."""
+    if row is None:
+        return "–"
+    fl = own_floor(rec, row, curve)
+    return f"{row['us']:.1f}" + ("" if fl is None else f" ({row['us'] / fl:.2f}×)")
+
+
+def _line(cells) -> str:
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
+def _pick(rec, impl, **where):
+    return next((r for r in rec["rows"] if r["impl"] == impl and all(r.get(k) == v for k, v in where.items())), None)
+
+
+def gemv_table(rec) -> str:
+    """Per GEMV shape: the int4-b32 read floor and each timed implementation's 'µs (× its own floor)'."""
+    curve = floor_curve(rec)
+    impls = {r["impl"] for r in rec["rows"]}
+    cols = [(i, name) for i, name in GEMV_COLUMNS if i in impls]
+    head = ["model", "layer", "N×K", "int4-b32 read floor"] + [name for _, name in cols]
+    lines = [_line(head), "|" + "---|" * len(head)]
+    seen = []
+    for r in rec["rows"]:
+        key = (r["model"], r["layer"], r["N"], r["K"])
+        if r["layer"] == "moe" or key in seen:
+            continue
+        seen.append(key)
+        w = dict(zip(("model", "layer", "N", "K"), key))
+        fl = next((x["floor_us"] for x in rec["rows"] if "floor_us" in x and all(x[k] == v for k, v in w.items())),
+                  None)
+        lines.append(_line([key[0], key[1], f"{key[2]}×{key[3]}", "–" if fl is None else f"{fl:.1f}"]
+                           + [cell(rec, _pick(rec, i, **w), curve) for i, _ in cols]))
+    return "\n".join(lines)
+
+
+def bf16_floor_us(rec, model: str, rows: int, curve=None) -> float | None:
+    """The read floor of the MoE layer's bf16 bytes (its routed experts at 2 bytes a weight, as the receipt's
+    bf16 rows count them): what any bf16 MoE could at best reach on this card in this run."""
+    row = _pick(rec, "bf16_loop", model=model, layer="moe", rows=rows) or \
+        _pick(rec, "grouped_mm", model=model, layer="moe", rows=rows)
+    return None if row is None else own_floor(rec, row, curve)
+
+
+def moe_table(rec) -> str:
+    """Per (model, tokens): experts read, the int4-b32 and bf16 read floors, our best and each peer's
+    'µs (× its own floor)'."""
+    curve = floor_curve(rec)
+    impls = {r["impl"] for r in rec["rows"]}
+    cols = [(i, name) for i, name in MOE_COLUMNS if i in impls]
+    head = ["model", "tokens", "experts read", "int4-b32 read floor", "bf16 at its read floor", "best int4-b32 (ours)"] \
+        + [name for _, name in cols]
+    lines = [_line(head), "|" + "---|" * len(head)]
+    keys = []
+    for r in rec["rows"]:
+        if r["layer"] == "moe" and (r["model"], r["rows"]) not in keys:
+            keys.append((r["model"], r["rows"]))
+    models = [m for m, _ in keys]
+    for model, R in sorted(keys, key=lambda k: (models.index(k[0]), k[1])):
+        w = {"model": model, "layer": "moe", "rows": R}
+        ours = [r for i in OURS_MOE if (r := _pick(rec, i, **w)) is not None]
+        best = min(ours, key=lambda r: r["us"]) if ours else None
+        ref = best or next((r for r in rec["rows"] if all(r.get(k) == v for k, v in w.items())), None)
+        fl, bf = ref.get("floor_us") if ref else None, bf16_floor_us(rec, model, R, curve)
+        lines.append(_line([model, R, ref.get("n_active", "–") if ref else "–", "–" if fl is None else f"{fl:.1f}",
+                            "–" if bf is None else f"{bf:.1f}", cell(rec, best, curve)]
+                           + [cell(rec, _pick(rec, i, **w), curve) for i, _ in cols]))
+    return "\n".join(lines)
+
+
+def render(rec) -> str:
+    """Both tables with their legend (a markdown block for RESULTS.md)."""
+    note = ("Each cell: µs per call and, in brackets, that time over the implementation's OWN read floor: the "
+            "read-only kernel's time curve of this run at the bytes that implementation moves (weights, scales, "
+            "activations; linear between the byte counts the run measured).")
+    parts = ["**Peers at their own read floors: batch-1 GEMV, µs**\n\n" + note + "\n\n" + gemv_table(rec),
+             "**Peers at their own read floors: MoE layer, µs** (bf16 at its read floor: the routed experts' bf16 "
+             "bytes at this run's read-floor curve)\n\n" + moe_table(rec)]
+    if any(r["impl"].startswith("llamacpp") for r in rec["rows"]):
+        src = (rec.get("llamacpp") or {}).get("source", "")
+        parts.append(DAGGER + (f" Source: {src}." if src else ""))
+    return "\n\n".join(parts)
+
+
+if __name__ == "__main__":
+    import json
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m lab.bench.peer_table RECEIPT.json")
+    with open(sys.argv[1]) as f:
+        print(render(json.load(f)))
