@@ -227,3 +227,20 @@ def test_decode_step_cli_runs_qwen2_moe(tmp_path):
     b = a["bytes"]["int4 B1 C64"]
     assert b["distinct_experts"] == 4.0 and b["shared_expert"] > 0                  # top-4 of 60, and the shared MLP
     assert b["total"] < a["bytes"]["bf16 B1 C64"]["total"]
+
+
+def test_synthetic_checkpoint_loads_quantises_saves_and_reloads(tmp_path):
+    """lab.synth's hub layout at tiny width, loaded as the gate loads a checkpoint directory, quantised, saved
+    and reloaded into a fresh copy: the same logits."""
+    from int4lab.gate.models import load_model
+    from int4lab.quantize import load_quantized, save_quantized
+    from lab.synth import write_checkpoint
+    write_checkpoint("qwen2_moe", 2, tmp_path / "ck", "tiny", device="cpu", dtype=torch.float32)
+    m, _, _ = load_model(str(tmp_path / "ck"), torch.float32, "cpu")
+    q, rep = quantize_model(m, "rtn", "experts+attn", "int8", progress=False)
+    assert (rep.experts_modules, rep.shared_modules, rep.attn_modules) == (2, 2, 2)
+    save_quantized(q, tmp_path / "q.safetensors")
+    back, _ = load_quantized(tmp_path / "q.safetensors", load_model(str(tmp_path / "ck"), torch.float32, "cpu")[0])
+    ids = torch.randint(0, 4096, (1, 8))
+    with torch.no_grad():
+        assert torch.equal(q(ids).logits, back(ids).logits)
