@@ -175,7 +175,9 @@ def extrapolate_arch(arch: str, depths: dict, card: float | None, device_map, ma
                                   if f["default_gate_s"] else None,
                                   "note": "the README command at its defaults, each depth's parts scaled by "
                                           "lab.realscale_predict, then fitted to the full depth"}
-    out["targets"] = {"gate_s": {"value": gate_s, "target": TARGET_S[arch], "met": gate_s <= TARGET_S[arch]},
+    target = TARGET_S.get(arch)                      # None: no full-depth time target set for this architecture
+    met = None if target is None else gate_s <= target
+    out["targets"] = {"gate_s": {"value": gate_s, "target": target, "met": met},
                       "gate_over_forwards": {"value": out["gate_over_forwards"]["value"], "target": TARGET_RATIO,
                                              "met": (out["gate_over_forwards"]["value"] or math.inf) <= TARGET_RATIO}}
     if "memory" in out:

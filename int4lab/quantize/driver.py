@@ -26,10 +26,10 @@ import torch
 
 from .._checks import check_finite, check_tensor
 from ..format import BLOCK, block_scales, check_scale_range, pack_codes, pack_int4_b32
-from .hessian import attn_key, expert_key, hessian_hooks
-from .layout import (ATTN_PROJ, LAYOUT, Scheme, attention, decoder_layers, experts_of, input_device, model_arch,
-                     moe_block)
 from .dither import DitherStream, dither_noise
+from .hessian import attn_key, expert_key, hessian_hooks, shared_key
+from .layout import (ATTN_PROJ, Scheme, attention, decoder_layers, experts_of, input_device, model_arch, moe_block,
+                     set_experts, shared_expert, shared_proj)
 from .modules import Int4Experts, Int4Linear, check_experts_k, restored_on_failure
 
 
@@ -39,6 +39,7 @@ class QuantReport:
     scheme: Scheme
     layers: int = 0
     experts_modules: int = 0
+    shared_modules: int = 0                   # shared experts (dense MLPs beside the routed ones) quantised
     attn_modules: int = 0
     lm_head: bool = False
     gptq_experts: int = 0                     # (layer, expert) pairs packed with GPTQ
@@ -89,14 +90,23 @@ def _progress(it, on, desc):
     return tqdm(it, desc=desc, leave=False)
 
 
-def _swap_attn(attn, act, packers=None):
-    for name in ATTN_PROJ:
+def _swap_linears(parent, names, act, packers=None):
+    for name in names:
         packer = None if packers is None else packers[name]
-        setattr(attn, name, Int4Linear.from_linear(getattr(attn, name), act, packer))
+        setattr(parent, name, Int4Linear.from_linear(getattr(parent, name), act, packer))
 
 
-def _set_experts(layer, arch, new):
-    setattr(moe_block(layer, arch), LAYOUT[arch]["experts"], new)
+def _swap_attn(attn, act, packers=None):
+    _swap_linears(attn, ATTN_PROJ, act, packers)
+
+
+def _swap_shared(layer, arch, act, packers) -> int:
+    """Quantise a layer's shared expert (a dense MLP every token passes through) with the routed experts;
+    its sigmoid gate, like the router, stays in full precision. Returns 1 when there was one, else 0."""
+    names = shared_proj(layer, arch)
+    if names:
+        _swap_linears(shared_expert(layer, arch), names, act, packers)
+    return int(bool(names))
 
 
 def check_unquantised(name: str, model) -> None:
@@ -119,8 +129,9 @@ def quantize_model(model, scheme: str = "rtn", targets: str = "experts", act: st
     by dither_seed); "gptq" needs calib_ids (int64 [B, T]) and packs with `int4lab.gptq.gptq_pack_int4_b32`,
     calibrated layer by layer (see module docstring). Experts with fewer than min_rows routed calibration rows
     (default None: max(H, I), the K of their widest input) fall back to round-to-nearest, listed in the report.
-    targets: "experts" or "experts+attn". act: "int8" (W4A8) or "bf16" (W4A16). lm_head=True packs the
-    lm_head round-to-nearest (never calibrated). The router is never quantised.
+    targets: "experts" (with a shared expert's projections, where the architecture has one) or "experts+attn".
+    act: "int8" (W4A8) or "bf16" (W4A16). lm_head=True packs the lm_head round-to-nearest (never calibrated).
+    The router (and a shared expert's gate) is never quantised.
 
     The report's `timing` holds one dict per layer, in seconds (synchronised on CUDA): round-to-nearest
     {"layer", "pack_s"}; GPTQ {"layer", "calib_s" (the hooked forward that fills the Hessians), "attn_pack_s",
@@ -212,8 +223,9 @@ def _quantize_layer_rtn(layer, arch, sch, rep, pack, li=0):
         # a few experts at a time; a dithered pack's stream runs on across the chunks in order
         gu = _pack_experts_rtn(ex.gate_up_proj, pack)
         dn = _pack_experts_rtn(ex.down_proj, pack)
-        _set_experts(layer, arch, Int4Experts.from_experts(ex, sch.act, gu, dn))
+        set_experts(layer, arch, Int4Experts.from_experts(ex, sch.act, gu, dn))
         rep.experts_modules += 1
+        rep.shared_modules += _swap_shared(layer, arch, sch.act, {p: pack for p in shared_proj(layer, arch)})
     if sch.targets == "experts+attn":
         _swap_attn(attention(layer, arch), sch.act, {p: pack for p in ATTN_PROJ})
         rep.attn_modules += 1
@@ -295,6 +307,7 @@ def _hessian_bytes(layer, arch, attn: bool) -> int:
     if ex is not None:
         E, I2, H = ex.gate_up_proj.shape
         n += E * (H * H + (I2 // 2) ** 2)
+        n += sum(getattr(shared_expert(layer, arch), p).in_features ** 2 for p in shared_proj(layer, arch))
     if attn:
         at = attention(layer, arch)
         n += sum(getattr(at, p).in_features ** 2 for p in ATTN_PROJ)
@@ -383,8 +396,10 @@ def _quantize_gptq(model, layers, arch, sch, rep, calib_ids, min_rows, damp, blo
             dn = _pack_experts_gptq(ex.down_proj, accs, {e: expert_key(li, e, "down") for e in cal},
                                     cal, fb, damp, blocksize)
             rep.rows.append(rows)
-            _set_experts(layer, arch, Int4Experts.from_experts(ex, sch.act, gu, dn))
+            set_experts(layer, arch, Int4Experts.from_experts(ex, sch.act, gu, dn))
             rep.experts_modules += 1
+            rep.shared_modules += _swap_shared(layer, arch, sch.act, {
+                p: (lambda w, a=accs[shared_key(li, p)]: gptq(w, a)) for p in shared_proj(layer, arch)})
             t["gptq_matrices"], t["rtn_matrices"] = 2 * len(cal), 2 * len(fb)
         del accs
         _sync(dev)
