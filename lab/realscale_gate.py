@@ -6,7 +6,7 @@ time and memory per layer, extrapolated to the published depth.
     python -m lab.realscale_gate --arch qwen3_moe --layers 1 2 --device-map auto --max-memory 0=6GiB cpu=200GiB \
         --workdir /tmp/rsg --out r.json                                                # GPU + host memory
     python -m lab.realscale_gate --arch olmoe --layers 1 2 --width tiny --workdir /tmp/w --out r.json \
-        --gate-args="--max-docs 10 --lottery 2 --calib-draws 3 --boot 100"             # CPU (tests)
+        --gate-args="--max-docs 20 --lottery 2 --calib-draws 3 --boot 100"             # CPU (tests)
 
 For each architecture and depth, `lab.synth` writes the published configuration truncated to that many decoder
 layers, and the gate runs on that directory exactly as the README's command does (`int4lab.gate.main` with
@@ -155,14 +155,14 @@ def extrapolate_arch(arch: str, depths: dict, card: float | None, device_map) ->
     return out
 
 
-WARMUP_ARGS = ["--max-docs", "10", "--texts", "ood", "--lottery", "0", "--calib-draws", "1", "--no-floor", "--boot",
+WARMUP_ARGS = ["--max-docs", "20", "--texts", "ood", "--lottery", "0", "--calib-draws", "1", "--no-floor", "--boot",
                "100"]
 
 
 def measure_depth(arch: str, layers: int, workdir, width: str, device: str, device_map=None, max_memory=None,
                   extra=(), log=print, warmup: bool = False) -> dict:
     """One synthetic checkpoint and one gate run on it; the directory this call creates is removed after.
-    warmup: first a small gate on the same checkpoint (WARMUP_ARGS: ten documents of one text, one arm per
+    warmup: first a small gate on the same checkpoint (WARMUP_ARGS: twenty documents of one text, one arm per
     scheme and target), so one-time costs (kernel compilation, first CUDA allocations) stay out of the
     measured run, where they would pass for a fixed cost of this depth."""
     from int4lab import gate
@@ -228,7 +228,7 @@ def parser() -> argparse.ArgumentParser:
                     help="card memory for the full-depth prediction (default: this GPU's total memory)")
     ap.add_argument("--deadline", type=float, default=None,
                     help="seconds for the whole run: a depth predicted not to fit what is left is skipped")
-    ap.add_argument("--gate-args", default="", help="extra gate flags (quick tests only), e.g. '--max-docs 10'")
+    ap.add_argument("--gate-args", default="", help="extra gate flags (quick tests only), e.g. '--max-docs 20'")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false",
                     help="skip the small unmeasured gate before each architecture's first depth")
     return ap

@@ -1,13 +1,15 @@
 """The gate's settings, checked before any work starts: each refusal is a ValueError naming the command-line
 flag, the setting and the rule ("--max-docs: max_docs must be ...").
 
-Why at least MIN_DOCS = 10 documents per text. The verdict's 95 % interval is a paired bootstrap over
+Why at least MIN_DOCS = 10 documents per text and split. The verdict's 95 % interval is a paired bootstrap over
 documents (`stats.paired_ci`): each resample draws the text's n documents with replacement. Over one
 document every resample is that document, the interval has zero width, and PASS or FAIL would follow from
 one number ("[+0.38 %, +0.38 %] PASS"). Over n documents the percentile interval is too narrow by about
 sqrt((n - 1) / n) and has only C(2n - 1, n) distinct resamples: 3 at n = 2, 126 at n = 5. At n = 10 it is
 about 5 % too narrow with 92,378 distinct resamples, which is the least we accept; the committed texts hold
-88 (test) and 71 (ood). The rule counts the documents every arm scores (the first max_docs of each text).
+88 (test) and 71 (ood). Each text is split into development and held-out documents (`split.py`: a pack is
+chosen on one half, its verdict read on the other), and each half keeps MIN_DOCS, so a text needs
+2 * MIN_DOCS. The rule counts the documents every arm scores (the first max_docs of each text).
 We refuse rather than answer UNDECIDED: a run
 that cannot decide by construction is a settings mistake, and it is cheaper to say so before the models load.
 """
@@ -53,9 +55,10 @@ def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threa
                   f"at most the model's trained context {trained_context} (positions beyond it were never "
                   "trained, so perplexity there says nothing about the quantisation)", window)
     if max_docs is not None:
-        _need(_int(max_docs) and max_docs >= MIN_DOCS, "max_docs", "--max-docs",
-              f"None (every document) or an int >= {MIN_DOCS}: a bootstrap over fewer documents cannot give "
-              "a verdict (int4lab.gate.settings)", max_docs)
+        _need(_int(max_docs) and max_docs >= 2 * MIN_DOCS, "max_docs", "--max-docs",
+              f"None (every document) or an int >= {2 * MIN_DOCS}: {MIN_DOCS} in each of the development and "
+              "held-out splits; a bootstrap over fewer documents cannot give a verdict (int4lab.gate.settings)",
+              max_docs)
     for name, flag, v, lo in (("batch", "--batch", batch, 1), ("threads", "--threads", threads, 1),
                               ("floor_stride", "--floor-stride", floor_stride, 1),
                               ("n_boot", "--boot", n_boot, MIN_BOOT),
@@ -81,9 +84,10 @@ def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threa
             if t not in TEXTS:
                 raise ValueError(f"--texts: texts must be among {TEXTS}, got {t!r}")
         for t, n in documents_per_text(texts, max_docs).items():
-            if n < MIN_DOCS:
-                raise ValueError(f"--texts: text {t!r} has {n} documents, fewer than the {MIN_DOCS} a verdict "
-                                 "needs (int4lab.gate.settings)")
+            if n < 2 * MIN_DOCS:
+                raise ValueError(f"--texts: text {t!r} has {n} documents, fewer than the {2 * MIN_DOCS} a verdict "
+                                 f"needs ({MIN_DOCS} in each of the development and held-out splits; "
+                                 "int4lab.gate.settings)")
 
 
 def check_device(device) -> None:
