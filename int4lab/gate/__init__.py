@@ -15,8 +15,8 @@ it; it is one-sided, so KL is reported beside it. The bf16-vs-fp32 precision flo
 as a threshold. Each text's documents are split by a seeded hash into development and held-out halves
 (`split.py`): the pack to ship is chosen on the development half, every verdict read on the held-out half.
 Calibration is judged by a test at a stated error rate: each GPTQ draw's paired change against
-round-to-nearest, against the lottery tickets' changes (`stats.CALIBRATION_RULE`). The decode instrument (KV cache, through the int4 kernels) is a kernel-parity
-check on a short window.
+round-to-nearest, against the lottery tickets' changes (`stats.CALIBRATION_RULE`). The decode instrument (KV
+cache, through the int4 kernels) is a kernel-parity check on a short window.
 
     texts.py   documents, scoring windows, calibration draws       score.py   on-device per-token figures
     arms.py    the arms, copies of the source, group sizes         compare.py arms vs source, vs their twin
@@ -38,7 +38,8 @@ from .texts import IN_DOMAIN, TEXTS, Windows, calibration_ids, documents, token_
 from .settings import MIN_DOCS, check_settings
 from .cli import main, receipt_path
 
-__all__ = ["BATCH_TOKENS", "CALIBRATION_RULE", "CHOICE_RULE", "SPLIT_RULE", "choose", "split_documents", "DITHER", "IN_DOMAIN", "MIN_DOCS", "PARITY_TOL", "STAT_BYTES", "TEXTS",
+__all__ = ["BATCH_TOKENS", "CALIBRATION_RULE", "CHOICE_RULE", "SPLIT_RULE", "choose", "split_documents",
+           "DITHER", "IN_DOMAIN", "MIN_DOCS", "PARITY_TOL", "STAT_BYTES", "TEXTS",
            "Arm", "PerToken", "Windows", "calibration_ids", "calibration_judgement", "check_settings", "decode_logprobs",
            "decode_windows", "documents", "format_table", "full_forward_logprobs", "load_model", "main", "paired_ci",
            "parity", "parse_max_memory", "plan_arms", "receipt_path", "render_gate_table", "rounding_band", "rows",
