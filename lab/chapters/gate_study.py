@@ -4,11 +4,10 @@ edges' uncertainty, the calibration test, the arm chosen on development document
 the receipt stores; and the comparison of a live re-run with the receipt at a stated tolerance.
 
 Nothing here measures, except `rerun_ticket` (the live re-run). Every other function reads gate receipts
-(data/receipts/gate_<model>.json, written by `python -m int4lab.gate --model <model> --scheme rtn gptq --threads 1
---out data/receipts/gate_<model>.json`) and reshapes or re-checks them. All figures are relative perplexity
-changes (ppl_a / ppl_b - 1), paired on the same documents, with 95 % bootstrap intervals over documents
-(`int4lab.gate.stats`): pairing removes the variance the two arms share, and the interval of a paired change is
-the text-sampling noise of that change.
+(data/receipts/gate_<model>.json, written by `regenerate(model)`) and reshapes or re-checks them. All figures
+are relative perplexity changes (ppl_a / ppl_b - 1), paired on the same documents, with 95 % bootstrap intervals
+over documents (`int4lab.gate.stats`): pairing removes the variance the two arms share, and the interval of a
+paired change is the text-sampling noise of that change.
 
 Receipt fields read: texts[t] {docs, tokens, tokens_sha, source_ppl}; split {seed, rule, texts[t] {dev,
 held_out}}; arms[name] {kind, texts[t] / dev[t] / held_out[t] {rel, kl, top1: {value, lo, hi}, ppl, tokens, docs},
@@ -30,7 +29,9 @@ RERUN_FRACTION = 0.05               # a live re-run reproduces an interval withi
 
 
 def regenerate(a: str) -> str:
-    return f"python -m int4lab.gate --model {a} --scheme rtn gptq --threads 1 --out data/receipts/gate_{a}.json"
+    """The command that writes data/receipts/gate_<a>.json."""
+    return (f"python -m int4lab.gate --model {a} --scheme rtn gptq --lottery 16 --threads 1 "
+            f"--out data/receipts/gate_{a}.json")
 
 
 def load(archs) -> dict:
