@@ -12,15 +12,15 @@ from int4lab.gate.split import choose, restrict, split_documents
 from int4lab.gate.score import PerToken
 
 
-def arms_per_document(rng, arms, docs=40, sd_arm=0.003, sd_doc=0.002, shift=None):
+def arms_per_document(rng, arms, docs=40, sd_arm=0.003, sd_doc=0.002, shift=None, per_doc=False):
     """(arm - RTN) relative changes over the tokens of `docs` documents for `arms` arms: each arm's nll
     difference is its own rounding luck (sd_arm, shared by all its documents) + a per-(arm, document) part
     (sd_doc) + a per-document part all arms share; documents weighted by 100-300 tokens. shift [arms]:
     added to the arm's luck (a calibration gain: negative)."""
     n = rng.integers(100, 300, docs)
     luck = rng.normal(0, sd_arm, arms) + (0 if shift is None else np.asarray(shift))
-    per_doc = luck[:, None] + rng.normal(0, sd_doc, (arms, docs)) + rng.normal(0, sd_doc, docs)[None, :]
-    return np.expm1((per_doc * n).sum(1) / n.sum())
+    d = luck[:, None] + rng.normal(0, sd_doc, (arms, docs)) + rng.normal(0, sd_doc, docs)[None, :]
+    return (d, n) if per_doc else np.expm1((d * n).sum(1) / n.sum())
 
 
 def judge(rng, draws=3, tickets=16, shift=0.0, texts=("test", "ood"), **kw):
@@ -64,6 +64,22 @@ def test_judgement_under_the_null_errs_at_most_alpha_and_finds_a_real_gain():
     found = [judge(rng, shift=-0.012)["verdict"] for _ in range(200)]
     assert np.mean([v == "ACCEPTED" for v in found]) > 0.8
     assert np.mean([judge(rng, shift=+0.012)["verdict"] == "WORSE" for _ in range(100)]) > 0.9
+
+
+def test_permuting_documents_between_arms_would_be_too_eager():
+    # why the test's unit is the whole arm: a per-document permutation (each document's draw value swapped with a
+    # random ticket's) ignores the luck an arm shares over its documents, and under the null says "helps" far
+    # more often than alpha
+    rng = np.random.default_rng(4)
+    false = 0
+    for _ in range(300):
+        d, n = arms_per_document(rng, 17, per_doc=True)
+        w = n / n.sum()
+        x = d[0] @ w
+        pick = rng.integers(0, 17, (500, d.shape[1]))
+        null = (d[pick, np.arange(d.shape[1])] * w).sum(1)
+        false += (1 + (null <= x).sum()) / 501 <= stats.ALPHA
+    assert false / 300 > 3 * stats.ALPHA
 
 
 def test_judgement_fields_rank_p_and_refusals():
