@@ -373,14 +373,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from .files import check_out_path
     from .gate.cli import model_name_and_context
+    from .gate.settings import check_settings
     try:                                              # refused before the model is built
         if args.source and (args.scheme or args.targets):
             raise ValueError("--source writes the unquantised model: drop --scheme / --targets, or drop --source")
-        for flag, v in (("--calib-tokens", args.calib_tokens), ("--calib-len", args.calib_len)):
-            if v < 1:
-                raise ValueError(f"{flag} must be a positive int, got {v}")
         check_out_path(args.out, force=args.force)
-        model_name_and_context(args.model)              # a tiny model name, or a directory with a usable config
+        _, context = model_name_and_context(args.model)   # a tiny model name, or a directory with a usable config
+        check_settings(calib_tokens=args.calib_tokens, calib_len=args.calib_len,    # the gate's calibration rules
+                       trained_context=None if args.source else context)
         scheme, targets = args.scheme or "rtn", args.targets or "experts"
         m, _, name = build_model(args.model, None if args.source else scheme, targets,
                                  calib_tokens=args.calib_tokens, calib_len=args.calib_len, progress=True)

@@ -11,9 +11,9 @@ Each repeat times one call, from source weight and Hessian already on the device
 (torch.cuda.synchronize() before stopping the clock). The Hessian is built from synthetic activations
 (`lab.chapters.calib.synthetic_activations`, 2K rows), which does not change the work: GPTQ's cost is the Cholesky
 factorisation of H (~K³/3 flops, twice) plus the column sweep (~2NK·blocksize flops and K small steps).
-Writes data/receipts/gptq_pack_<cpu|h200|gpu name>.json: rows of N, K, device, impl, seconds (median wall
-time) with min/max and the median process CPU time (on a shared CPU, wall time swings with the neighbours' load;
-CPU time much less), through `write_receipt`.
+Writes runs/gptq_pack_<cpu|h200|gpu name>.json (data/receipts/ only when --out names it): rows of N, K, device,
+impl, seconds (median wall time) with min/max and the median process CPU time (on a shared CPU, wall time swings
+with the neighbours' load; CPU time much less), through `write_receipt`.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import re
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -31,7 +32,6 @@ from int4lab.format import pack_int4_b32
 from int4lab.gate.arms import DITHER
 from int4lab.gptq import HessianAccumulator, gptq_pack_int4_b32
 from int4lab.quantize import dithered_pack
-from lab.paths import RECEIPTS
 from lab.provenance import write_receipt
 
 IMPLS = {
@@ -97,7 +97,14 @@ def main(argv=None) -> int:
                     help="rtn = pack_int4_b32 (the baseline), gptq = damp 0.01, blocksize 128")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per shape and impl (median reported)")
     ap.add_argument("--no-write", action="store_true", help="print the rows, write no receipt")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="receipt path (default runs/gptq_pack_<device>.json; data/receipts/ only when named here)")
     args = ap.parse_args(argv)
+    from int4lab.files import cli_out_ok
+    from lab.paths import RUNS
+    out = args.out or RUNS / receipt_name(args.device)
+    if not args.no_write and not cli_out_ok(out):            # before anything is timed
+        return 2
     if args.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda: no CUDA device here", file=sys.stderr)
         return 2
@@ -113,7 +120,7 @@ def main(argv=None) -> int:
                               "threads": torch.get_num_threads()}, "rows": rows}
         if hasattr(os, "getloadavg"):     # a shared CPU slows every row: record how busy it was
             payload["loadavg_1m_after"] = os.getloadavg()[0]
-        path = write_receipt(RECEIPTS / receipt_name(args.device), payload,
+        path = write_receipt(out, payload,
                              command="python -m lab.bench_pack " + " ".join(argv if argv is not None
                                                                                else sys.argv[1:]))
         print(f"wrote {path}")

@@ -10,6 +10,17 @@ def _pct(c: dict) -> str:
     return f"{c['value']:+.2%} [{c['lo']:+.2%}, {c['hi']:+.2%}]"
 
 
+def fallback_note(arm: dict) -> str:
+    """" (GPTQ→RTN fallback: n of m experts)" for a GPTQ arm some of whose experts had too few calibration rows
+    and were packed round-to-nearest (its quant_report's `fallback`); "" otherwise. Shown beside the verdict:
+    the verdict judges that mix, not GPTQ alone."""
+    q = arm.get("quant_report") or {}
+    fb = q.get("fallback") or []
+    if arm.get("kind") != "gptq" or not fb:
+        return ""
+    return f" (GPTQ→RTN fallback: {len(fb)} of {len(fb) + int(q.get('gptq_experts') or 0)} experts)"
+
+
 def rows(payload: dict) -> list[dict]:
     """One dict per (arm, text) of a gate payload/receipt: the source and the floor first, then every arm with
     its figures on the held-out documents (where its verdict is read) and its all-document perplexity."""
@@ -24,7 +35,8 @@ def rows(payload: dict) -> list[dict]:
     for name, a in payload["arms"].items():
         for t, c in a["held_out"].items():
             out.append({"arm": name, "text": t, "tokens": c["tokens"], "ppl": a["texts"][t]["ppl"], "delta": c["rel"],
-                        "kl": c["kl"], "top1": c["top1"]["value"], "verdict": a["verdict"]["verdict"]})
+                        "kl": c["kl"], "top1": c["top1"]["value"],
+                        "verdict": a["verdict"]["verdict"] + fallback_note(a)})
     return out
 
 
@@ -121,7 +133,7 @@ def render_gate_table(receipts_dir) -> str:
             judged = cal.get(name.split(" ")[0], "–") if a["kind"] == "gptq" else "–"
             cells = [_pct(a["held_out"][t]["rel"]) if t in a["held_out"] else "–" for t in texts]
             kls = [_kl(a["held_out"][t]["kl"]) if t in a["held_out"] else "–" for t in texts]
-            row([r["model"], name] + cells + [a["verdict"]["verdict"]] + kls + [judged, rec])
+            row([r["model"], name] + cells + [a["verdict"]["verdict"] + fallback_note(a)] + kls + [judged, rec])
         for base, lot in r.get("lottery", {}).items():
             row([r["model"], f"rounding band of {base}: ticket − RTN, {len(lot['tickets'])} tickets, all documents"]
                 + [(band_text(lot["texts"][t]["band"]) if "band" in lot["texts"][t]

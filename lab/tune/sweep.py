@@ -416,6 +416,9 @@ def main(argv=None) -> int:
     if args.pick:
         print(json.dumps(pick_plan(json.loads(args.out.read_text()))))
         return 0
+    from int4lab.files import cli_out_ok
+    if not cli_out_ok(args.out):                          # before anything is timed
+        return 2
     dev = torch.device("cuda")
     l2 = l2_bytes()
     torch.manual_seed(0)
