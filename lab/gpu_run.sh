@@ -126,7 +126,7 @@ if has gate_fit; then
     rm -rf /dev/shm/rsg_fit
     timeout ${FIT_S:-260} python3 -m lab.realscale_gate --arch $arch --layers ${FIT_LAYERS:-1 2 3} --device-map auto \
       --max-memory ${FIT_MEMORY:-0=70GiB cpu=100GiB} --workdir /dev/shm/rsg_fit --deadline $(( ${FIT_S:-260} - 15 )) \
-      --gate-args="${FIT_ARGS:---max-docs 10 --lottery 1 --calib-draws 1 --no-floor}" \
+      --gate-args="${FIT_ARGS:---max-docs 20 --lottery 1 --calib-draws 1 --no-floor}" \
       --out "$OUT/realscale_gate_${arch}_$card.json" 2>&1 | grep --line-buffered -v "Writing model shards\|Loading weights" | tail -20
     rm -rf /dev/shm/rsg_fit
   done

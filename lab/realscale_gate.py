@@ -4,10 +4,10 @@ at truncated depths with its time and memory fitted per layer, or once at the pu
     python -m lab.realscale_gate --arch olmoe --layers 1 2 3 --workdir /dev/shm/rsg --out r.json      # on a GPU
     python -m lab.realscale_gate --arch qwen3_moe --layers 1 2 3 --device-map auto \
         --max-memory 0=70GiB cpu=100GiB --workdir /dev/shm/rsg --out r.json \
-        --gate-args="--max-docs 16 --lottery 1 --calib-draws 1 --no-floor"       # one card + host, quick settings
+        --gate-args="--max-docs 20 --lottery 1 --calib-draws 1 --no-floor"       # one card + host, quick settings
     python -m lab.realscale_gate --arch olmoe --full --workdir /dev/shm/rsg --out full.json        # 16 layers
     python -m lab.realscale_gate --arch olmoe --layers 1 2 --width tiny --workdir /tmp/w --out r.json \
-        --gate-args="--max-docs 10 --lottery 2 --calib-draws 3 --boot 100"             # CPU (tests)
+        --gate-args="--max-docs 20 --lottery 2 --calib-draws 3 --boot 100"             # CPU (tests)
 
 For each architecture and depth, `lab.synth` writes the published configuration truncated to that many decoder
 layers (safetensors shards of SHARD; /dev/shm keeps the write in memory), and the gate runs on that directory
@@ -194,14 +194,14 @@ def extrapolate_arch(arch: str, depths: dict, card: float | None, device_map, ma
 
 
 SHARD = "4GB"            # safetensors shard size at real width: few files, each written in one pass
-WARMUP_ARGS = ["--max-docs", "10", "--texts", "ood", "--lottery", "0", "--calib-draws", "1", "--no-floor", "--boot",
+WARMUP_ARGS = ["--max-docs", "20", "--texts", "ood", "--lottery", "0", "--calib-draws", "1", "--no-floor", "--boot",
                "100"]
 
 
 def measure_depth(arch: str, layers: int, workdir, width: str, device: str, device_map=None, max_memory=None,
                   extra=(), log=print, warmup: bool = False, predict=None) -> dict:
     """One synthetic checkpoint and one gate run on it; the directory this call creates is removed after.
-    warmup: first a small gate on the same checkpoint (WARMUP_ARGS: ten documents of one text, one arm per
+    warmup: first a small gate on the same checkpoint (WARMUP_ARGS: twenty documents of one text, one arm per
     scheme and target), so one-time costs (kernel compilation, first CUDA allocations) stay out of the
     measured run, where they would pass for a fixed cost of this depth. predict: (full_text_size,
     default_arms) of `lab.realscale_predict`, to take this depth to the README defaults."""
