@@ -28,9 +28,10 @@ from .._checks import check_finite, check_tensor
 from ..format import BLOCK, block_scales, check_scale_range, pack_codes, pack_int4_b32
 from .dither import DitherStream, dither_noise
 from .hessian import attn_key, expert_key, hessian_hooks, shared_key
-from .layout import (ATTN_PROJ, Scheme, attention, decoder_layers, experts_of, input_device, model_arch, moe_block,
+from .layout import (ATTN_PROJ, Scheme, attention, decoder_layers, experts_of, input_device, model_arch,
                      set_experts, shared_expert, shared_proj)
 from .modules import Int4Experts, Int4Linear, check_experts_k, restored_on_failure
+from .placement import expert_chunk, layer_device, onload, sync, to_device
 
 
 @dataclass
@@ -137,7 +138,7 @@ def quantize_model(model, scheme: str = "rtn", targets: str = "experts", act: st
     {"layer", "pack_s"}; GPTQ {"layer", "calib_s" (the hooked forward that fills the Hessians), "attn_pack_s",
     "experts_pack_s", "propagate_s" (the forward that feeds the next layer), "gptq_matrices" (expert
     matrices packed with GPTQ), "rtn_matrices"}. A layer's experts are packed in batches
-    (`gptq_pack_int4_b32_experts`), as many experts at once as `_expert_chunk` allows.
+    (`gptq_pack_int4_b32_experts`), as many experts at once as `expert_chunk` allows.
     """
     sch = Scheme(scheme, targets, act, lm_head)
     arch = model_arch(model)
@@ -184,30 +185,11 @@ def quantize_model(model, scheme: str = "rtn", targets: str = "experts", act: st
     return model, rep
 
 
-def _sync(dev) -> None:
-    if torch.device(dev).type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def _budget_bytes(dev) -> int:
-    """Scratch memory one batch of experts may use: a quarter of the free GPU memory, at most 16 GiB (a
-    layer's experts at once on an H200, a few at a time on a small card); 2 GiB on the host."""
-    dev = torch.device(dev)
-    if dev.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(dev)
-        return int(min(free // 4, 16 << 30))
-    return 2 << 30
-
-
-def _expert_chunk(per_expert_bytes: int, dev) -> int:
-    return max(1, _budget_bytes(dev) // max(1, per_expert_bytes))
-
-
 def _pack_experts_rtn(w: torch.Tensor, pack, chunk: int | None = None):
     """Round-to-nearest pack of w [E, N, K] a few experts at a time: the float32 copy `pack` needs never
     holds the whole layer (Mixtral: 5.6 GB per layer in float32)."""
     E, N, K = w.shape
-    chunk = chunk or _expert_chunk(4 * 4 * N * K, w.device)          # w, w / s, the noise, scratch (float32)
+    chunk = chunk or expert_chunk(4 * 4 * N * K, w.device)          # w, w / s, the noise, scratch (float32)
     if chunk >= E:
         return pack(w.detach().float())
     parts = [pack(w[e:e + chunk].detach().float()) for e in range(0, E, chunk)]
@@ -216,7 +198,7 @@ def _pack_experts_rtn(w: torch.Tensor, pack, chunk: int | None = None):
 
 def _quantize_layer_rtn(layer, arch, sch, rep, pack, li=0):
     t0 = time.perf_counter()
-    _onload(layer)
+    onload(layer)
     ex = experts_of(layer, arch)
     if ex is not None:
         check_experts_k(ex)
@@ -229,47 +211,9 @@ def _quantize_layer_rtn(layer, arch, sch, rep, pack, li=0):
     if sch.targets == "experts+attn":
         _swap_attn(attention(layer, arch), sch.act, {p: pack for p in ATTN_PROJ})
         rep.attn_modules += 1
-    dev = _layer_device(layer)
-    _sync(dev)
+    dev = layer_device(layer)
+    sync(dev)
     rep.timing.append({"layer": li, "pack_s": time.perf_counter() - t0})
-
-
-def _onload(layer) -> None:
-    """Put an accelerate-offloaded layer (device_map with "cpu"/"disk": weights on the meta device, fetched
-    by a hook for each forward) on its execution device for good. Packing reads the weights outside any
-    forward, and what stays on the GPU is the int4 layer, ~3.5x smaller than the bf16 one offloading kept
-    on the host. Layers accelerate placed on a GPU are left as they are."""
-    from accelerate.hooks import AlignDevicesHook, SequentialHook, remove_hook_from_module
-    from accelerate.utils import set_module_tensor_to_device
-    for mod in list(layer.modules()):
-        hook = getattr(mod, "_hf_hook", None)
-        hooks = hook.hooks if isinstance(hook, SequentialHook) else [hook]
-        off = [h for h in hooks if isinstance(h, AlignDevicesHook) and h.offload]
-        if not off:
-            continue
-        h = off[0]
-        names = [n for n, _ in mod.named_parameters(recurse=False)]
-        if h.offload_buffers:
-            names += [n for n, _ in mod.named_buffers(recurse=False)]
-        # The hook goes first: detaching it puts each tensor back on the device it had before dispatch
-        # (the host, where transformers loads "cpu" entries), which would undo the placement below.
-        remove_hook_from_module(mod)
-        for n in names:
-            set_module_tensor_to_device(mod, n, h.execution_device, value=h.weights_map[n])
-
-
-def _layer_device(layer):
-    return next(layer.parameters(), next(layer.buffers(), torch.empty(0))).device
-
-
-def _to(obj, dev):
-    if isinstance(obj, torch.Tensor):
-        return obj.to(dev)
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_to(o, dev) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _to(v, dev) for k, v in obj.items()}
-    return obj
 
 
 class _Stop(Exception):
@@ -332,7 +276,7 @@ def _pack_experts_gptq(w, accs, keys, cal, need_rtn, damp, blocksize):
     packed = torch.empty(E, N, K // 2, dtype=torch.uint8, device=dev)
     scales = torch.empty(E, N, K // BLOCK, dtype=torch.float16, device=dev)
     # per expert: H, its damped copy, the factor and its inverse (K x K), the float32 weight and scratch (N x K)
-    chunk = _expert_chunk(4 * (4 * K * K + 4 * N * K), dev)
+    chunk = expert_chunk(4 * (4 * K * K + 4 * N * K), dev)
     for i in range(0, len(cal), chunk):
         ids = cal[i:i + chunk]
         idx = torch.tensor(ids, device=dev)
@@ -359,8 +303,8 @@ def _quantize_gptq(model, layers, arch, sch, rep, calib_ids, min_rows, damp, blo
 
     attn = sch.targets == "experts+attn"
     for li, layer in enumerate(_progress(layers, progress, "gptq layers")):
-        _onload(layer)
-        dev = _layer_device(layer)
+        onload(layer)
+        dev = layer_device(layer)
         ex = experts_of(layer, arch)
         hdev = _hessian_device(layer, arch, attn, dev)
         rep.hessian_device.append(str(hdev))
@@ -368,15 +312,15 @@ def _quantize_gptq(model, layers, arch, sch, rep, calib_ids, min_rows, damp, blo
         t0 = time.perf_counter()
         with hessian_hooks(model, layers=[li], attn=attn, device=hdev) as accs:
             for hs, kw in batches:
-                layer(_to(hs, dev), **_to(kw, dev))
-        _sync(dev)
+                layer(to_device(hs, dev), **to_device(kw, dev))
+        sync(dev)
         t["calib_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         if attn:
             _swap_attn(attention(layer, arch), sch.act,
                        {p: (lambda w, a=accs[attn_key(li, p)]: gptq(w, a)) for p in ATTN_PROJ})
             rep.attn_modules += 1
-        _sync(dev)
+        sync(dev)
         t["attn_pack_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         if ex is not None:
@@ -402,11 +346,11 @@ def _quantize_gptq(model, layers, arch, sch, rep, calib_ids, min_rows, damp, blo
                 p: (lambda w, a=accs[shared_key(li, p)]: gptq(w, a)) for p in shared_proj(layer, arch)})
             t["gptq_matrices"], t["rtn_matrices"] = 2 * len(cal), 2 * len(fb)
         del accs
-        _sync(dev)
+        sync(dev)
         t["experts_pack_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         # The next layer sees this layer's quantised outputs.
-        batches = [(layer(_to(hs, dev), **_to(kw, dev)), kw) for hs, kw in batches]
-        _sync(dev)
+        batches = [(layer(to_device(hs, dev), **to_device(kw, dev)), kw) for hs, kw in batches]
+        sync(dev)
         t["propagate_s"] = time.perf_counter() - t0
         rep.timing.append(t)
