@@ -87,7 +87,7 @@ if [[ $STAGES == *step* ]]; then
     --states ${STEP_STATES:-bf16 int4 int4_fused int4_fused2} --runs ${STEP_RUNS:-eager graphed compiled} \
     --compile-states ${STEP_COMPILE:-bf16 int4_fused2} --parts ${STEP_PARTS:-times floors greedy host breakdown} \
     --breakdown-states ${STEP_BREAKDOWN:-int4_fused int4_fused2} \
-    --samples 7 --replays 8 --eager-samples 2 ${STEP_PRIOR:+--prior "$STEP_PRIOR"} \
+    --samples 7 --replays 8 --eager-samples ${STEP_EAGER_SAMPLES:-5} ${STEP_PRIOR:+--prior "$STEP_PRIOR"} \
     --out "$OUT/decode_step_$card${STEP_TAG:-}.json" 2>&1 | tail -40
 fi
 if has qwen2moe; then
