@@ -18,8 +18,10 @@ from lab.provenance import read_receipt
 ANCHORS = RECEIPTS / "anchors"
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
 LLAMA = "llama.cpp Q4_0 (recorded)"
-GEMV_PEERS = ("w4a16_cutlass", "bf16", "tinygemm", "gemlite")
+# peers timed in the receipt; llama.cpp's rows: ggml on the same card, by its own eager timer and by the bench's
+GEMV_PEERS = ("w4a16_cutlass", "bf16", "tinygemm", "gemlite", "marlin", "llamacpp_q4_0", "llamacpp_q4_0_rot")
 MOE_PEERS = ("bf16_loop", "grouped_mm")
+MOE_LLAMA = ("llamacpp_q4_0_moe", "llamacpp_q4_0_rot_moe")
 
 
 @contextlib.contextmanager
@@ -241,7 +243,8 @@ def moe_tile(model: str, tokens: int, generation: str = "sm90"):
 def moe_table(rec, anchors=()) -> str:
     anchors = same_card(rec, anchors)
     head = ["model", "tokens", "experts read", "read floor", "bf16 at its read floor", "int4-b32 routed GEMV",
-            "int4-b32 grouped", "best int4 / floor", "bf16 loop", "grouped_mm (bf16)", "llama.cpp Q4_0 routed (recorded)"]
+            "int4-b32 grouped", "best int4 / floor", "bf16 loop", "grouped_mm (bf16)", *MOE_LLAMA,
+            "llama.cpp Q4_0 routed (recorded)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for model, R in moe_keys(rec):
         w = {"model": model, "layer": "moe", "rows": R}
@@ -254,7 +257,7 @@ def moe_table(rec, anchors=()) -> str:
         cells = [model, str(R), "–" if n_active is None else str(n_active), _f(fl),
                  _f(peer_table.bf16_floor_us(rec, model, R))]     # the bf16 peers' bytes at this run's floor curve
         cells += [_f(_us(rec, i, **w)) for i in OURS_MOE] + [_f(_ratio(best, fl), 2)]
-        cells += [_vs(_us(rec, i, **w), best) for i in MOE_PEERS] + [_vs(llama, best)]
+        cells += [_vs(_us(rec, i, **w), best) for i in MOE_PEERS + MOE_LLAMA] + [_vs(llama, best)]
         lines.append(_line(cells))
     return "\n".join(lines)
 
