@@ -146,6 +146,56 @@ def moe_table(rec) -> str:
     return "\n".join(lines)
 
 
+def overlap(a: dict, b: dict) -> bool:
+    """True when two rows' p10-p90 spans touch (a row without percentiles, ggml's, is the point at its median):
+    a difference inside them is not a lead this run can vouch for."""
+    lo_a, hi_a = a.get("p10_us", a["us"]), a.get("p90_us", a["us"])
+    lo_b, hi_b = b.get("p10_us", b["us"]), b.get("p90_us", b["us"])
+    return lo_a <= hi_b and lo_b <= hi_a
+
+
+def _lead(rec, ours: dict, peers: list[dict], bf16: dict | None, curve) -> dict:
+    """Ours against every peer row: `vs` {impl: peer µs / ours µs} (> 1: ours faster), `own` {impl: µs / its own
+    floor} (ours included), the strongest (fastest) peer, `lead` = its µs / ours, `inside` = the two rows' p10-p90
+    spans overlap (`overlap`), and `over_bf16_floor` = bf16's own read floor / ours (None without a bf16 row)."""
+    best = min(peers, key=lambda r: r["us"])
+    own = {r["impl"]: r["us"] / fl for r in [ours] + peers if (fl := own_floor(rec, r, curve))}
+    bf = own_floor(rec, bf16, curve) if bf16 else None
+    return {"ours": ours, "vs": {r["impl"]: r["us"] / ours["us"] for r in peers}, "own": own,
+            "strongest": best["impl"], "lead": best["us"] / ours["us"], "inside": overlap(ours, best),
+            "over_bf16_floor": None if bf is None else bf / ours["us"]}
+
+
+def gemv_leads(rec) -> list[dict]:
+    """Per batch-1 GEMV shape with an int4_b32 row: (model, layer, N, K) and `_lead` against every other row of
+    that shape (bf16's own floor: the bf16 cuBLAS row's bytes on this run's curve)."""
+    curve, out = floor_curve(rec), []
+    for r in rec["rows"]:
+        if r["impl"] != "int4_b32" or r["layer"] == "moe":
+            continue
+        w = {k: r[k] for k in ("model", "layer", "N", "K")}
+        peers = [x for x in rec["rows"] if x is not r and x["layer"] != "moe" and all(x[k] == v for k, v in w.items())]
+        if peers:
+            out.append({**w, **_lead(rec, r, peers, _pick(rec, "bf16", **w), curve)})
+    return out
+
+
+def moe_leads(rec, rows: int = 1) -> list[dict]:
+    """Per model, the MoE layer at `rows` tokens: our faster path against every peer row (the bf16 loop,
+    grouped_mm, llama.cpp's MUL_MAT_ID sums), with bf16's own floor = `bf16_floor_us`."""
+    curve, out = floor_curve(rec), []
+    for model in dict.fromkeys(r["model"] for r in rec["rows"] if r["layer"] == "moe" and r["rows"] == rows):
+        here = [r for r in rec["rows"] if r["layer"] == "moe" and r["model"] == model and r["rows"] == rows]
+        ours = [r for r in here if r["impl"] in OURS_MOE]
+        peers = [r for r in here if r["impl"] not in OURS_MOE]
+        if ours and peers:
+            lead = _lead(rec, min(ours, key=lambda r: r["us"]), peers, None, curve)
+            bf = bf16_floor_us(rec, model, rows, curve)
+            lead["over_bf16_floor"] = None if bf is None else bf / lead["ours"]["us"]
+            out.append({"model": model, "rows": rows, **lead})
+    return out
+
+
 def render(rec) -> str:
     """Both tables with their legend (a markdown block for RESULTS.md)."""
     note = ("Each cell: µs per call and, in brackets, that time over the implementation's OWN read floor: the "

@@ -18,8 +18,20 @@ from lab.provenance import read_receipt
 ANCHORS = RECEIPTS / "anchors"
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
 LLAMA = "llama.cpp Q4_0 (recorded)"
-GEMV_PEERS = ("w4a16_cutlass", "bf16", "tinygemm", "gemlite")
+# peers timed in the receipt; llama.cpp's rows: ggml on the same card, by its own eager timer and by the bench's
+GEMV_PEERS = ("w4a16_cutlass", "bf16", "tinygemm", "gemlite", "marlin", "llamacpp_q4_0", "llamacpp_q4_0_rot")
 MOE_PEERS = ("bf16_loop", "grouped_mm")
+MOE_LLAMA = ("llamacpp_q4_0_moe", "llamacpp_q4_0_rot_moe")
+# column names of llama.cpp's rows († ggml's eager timer, ‡ timed like ours: the legend under the peer tables)
+LABELS = {"llamacpp_q4_0": "llama.cpp Q4_0 (eager)†", "llamacpp_q4_0_rot": "llama.cpp Q4_0 (rotated)‡",
+          "llamacpp_q4_0_moe": "llama.cpp Q4_0 MUL_MAT_ID (eager)†",
+          "llamacpp_q4_0_rot_moe": "llama.cpp Q4_0 MUL_MAT_ID (rotated)‡"}
+
+
+def _timed(rec, impls) -> list[str]:
+    """The implementations of `impls` the receipt has rows of (a peer it never timed gets no column)."""
+    have = {r["impl"] for r in rec["rows"]}
+    return [i for i in impls if i in have]
 
 
 @contextlib.contextmanager
@@ -193,8 +205,9 @@ def gemv_shapes(rec) -> list[tuple[str, str, int, int]]:
 
 def gemv_table(rec, anchors=()) -> str:
     anchors = same_card(rec, anchors)
-    head = ["model", "layer", "N×K", "read floor", "int4_b32", "int4_b32 / floor"] + list(GEMV_PEERS) + \
-        [LLAMA, "int4_b32 GB/s"]
+    peers = _timed(rec, GEMV_PEERS)
+    head = ["model", "layer", "N×K", "read floor", "int4_b32", "int4_b32 / floor"] + \
+        [LABELS.get(i, i) for i in peers] + ([LLAMA] if anchors else []) + ["int4_b32 GB/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for model, layer, N, K in gemv_shapes(rec):
         w = {"model": model, "layer": layer, "N": N, "K": K}
@@ -202,7 +215,8 @@ def gemv_table(rec, anchors=()) -> str:
         ours = _us(rec, "int4_b32", **w)
         fl = _floor(here)
         cells = [model, layer, f"{N}×{K}", _f(fl), _f(ours), _f(_ratio(ours, fl), 2)]
-        cells += [_vs(_us(rec, i, **w), ours) for i in GEMV_PEERS] + [_vs(llama_gemv_us(anchors, N, K), ours)]
+        cells += [_vs(_us(rec, i, **w), ours) for i in peers] + ([_vs(llama_gemv_us(anchors, N, K), ours)]
+                                                                   if anchors else [])
         ours_row = _row(rec, "int4_b32", **w)
         lines.append(_line(cells + [_f(ours_row["GBps"], 0) if ours_row else "–"]))
     return "\n".join(lines)
@@ -241,7 +255,9 @@ def moe_tile(model: str, tokens: int, generation: str = "sm90"):
 def moe_table(rec, anchors=()) -> str:
     anchors = same_card(rec, anchors)
     head = ["model", "tokens", "experts read", "read floor", "bf16 at its read floor", "int4-b32 routed GEMV",
-            "int4-b32 grouped", "best int4 / floor", "bf16 loop", "grouped_mm (bf16)", "llama.cpp Q4_0 routed (recorded)"]
+            "int4-b32 grouped", "best int4 / floor", "bf16 loop", "grouped_mm (bf16)"]
+    llamas = _timed(rec, MOE_LLAMA)
+    head += [LABELS[i] for i in llamas] + (["llama.cpp Q4_0 routed (recorded)"] if anchors else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for model, R in moe_keys(rec):
         w = {"model": model, "layer": "moe", "rows": R}
@@ -254,7 +270,7 @@ def moe_table(rec, anchors=()) -> str:
         cells = [model, str(R), "–" if n_active is None else str(n_active), _f(fl),
                  _f(peer_table.bf16_floor_us(rec, model, R))]     # the bf16 peers' bytes at this run's floor curve
         cells += [_f(_us(rec, i, **w)) for i in OURS_MOE] + [_f(_ratio(best, fl), 2)]
-        cells += [_vs(_us(rec, i, **w), best) for i in MOE_PEERS] + [_vs(llama, best)]
+        cells += [_vs(_us(rec, i, **w), best) for i in MOE_PEERS + tuple(llamas)] + ([_vs(llama, best)] if anchors else [])
         lines.append(_line(cells))
     return "\n".join(lines)
 

@@ -7,7 +7,7 @@ from .decode import _floor, _row, gemv_shapes, moe_series
 
 # ---- figures (matplotlib imported only here) ------------------------------------------------------------
 GEMV_COLORS = {"int4_b32": "tab:red", "w4a16_cutlass": "tab:orange", "bf16": "tab:gray", "tinygemm": "tab:blue",
-               "gemlite": "tab:green", "marlin": "tab:cyan"}
+               "gemlite": "tab:green", "marlin": "tab:cyan", "llamacpp_q4_0": "tab:olive", "llamacpp_q4_0_rot": "tab:pink"}
 MOE_COLORS = {"int4_b32_moe": "tab:red", "int4_b32_grouped": "tab:purple", "bf16_loop": "tab:gray",
               "grouped_mm": "tab:brown"}
 
@@ -17,7 +17,9 @@ GEMV_LABELS = {"int4_b32": "int4_b32 (ours, W4A8, tuned plan)",
                "bf16": "bf16 cuBLAS (16-bit weights)",
                "tinygemm": "tinygemm (torch, W4A16)",
                "gemlite": "GemLite (W4A16)",
-               "marlin": "Marlin (W4A16 g128)"}
+               "marlin": "Marlin (W4A16 g128)",
+               "llamacpp_q4_0": "llama.cpp Q4_0 (ggml's eager timer)",
+               "llamacpp_q4_0_rot": "llama.cpp Q4_0 (timed like ours)"}
 
 
 def floor_fixed_share(rec) -> dict[int, float]:
