@@ -4,7 +4,8 @@
     python -m lab.notebooks --quick      # INT4LAB_QUICK=1: smaller problems, same code path
     python -m lab.notebooks --no-write 01_format
 
-Figures are written by the notebooks themselves into figures/. A cell that raises stops the run with
+Figures are written by the notebooks themselves into figures/ (with --no-write or --quick into a temporary
+folder, so such a run leaves every committed file as it was). A cell that raises stops the run with
 the notebook name and cell index.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,6 +48,10 @@ def run_notebook(path: Path, *, write: bool = True, quick_mode: bool = False, ti
     nb = nbformat.read(path, as_version=4)
     old = os.environ.get("INT4LAB_QUICK")
     os.environ["INT4LAB_QUICK"] = "1" if quick_mode else "0"
+    old_fig = os.environ.get("INT4LAB_FIGURES_DIR")
+    fig_tmp = None if write else tempfile.TemporaryDirectory(prefix="int4lab_figures_")
+    if fig_tmp is not None:                 # outputs not written back: figures must not be either
+        os.environ["INT4LAB_FIGURES_DIR"] = fig_tmp.name
     # the kernel runs in notebooks/: the checkout goes on its path so that `import lab` finds the lab
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if str(ROOT) not in paths:
@@ -61,10 +67,13 @@ def run_notebook(path: Path, *, write: bool = True, quick_mode: bool = False, ti
             o.get("output_type") == "error" for o in c.get("outputs", []))), "?")
         raise NotebookError(f"{path.name}: cell {idx} raised:\n{str(e)[-3000:]}") from None
     finally:
-        if old is None:
-            os.environ.pop("INT4LAB_QUICK", None)
-        else:
-            os.environ["INT4LAB_QUICK"] = old
+        for key, was in (("INT4LAB_QUICK", old), ("INT4LAB_FIGURES_DIR", old_fig)):
+            if was is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = was
+        if fig_tmp is not None:
+            fig_tmp.cleanup()
     if write:
         nbformat.write(nb, path)
     return time.time() - t0
@@ -76,6 +85,10 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="set INT4LAB_QUICK=1 (smaller problems, same code)")
     ap.add_argument("--no-write", action="store_true", help="execute but do not write outputs back")
     args = ap.parse_args(argv)
+    if any(not p.strip() for p in args.patterns):
+        print(f"error: a notebook pattern must be a non-empty part of a file name, got {args.patterns}",
+              file=sys.stderr)
+        return 2
     nbs = find_notebooks(args.patterns)
     if not nbs:
         print(f"no notebooks match {args.patterns} in {NOTEBOOKS}", file=sys.stderr)

@@ -17,6 +17,29 @@ from . import stats
 LOCAL_TASKS = {"int4lab_test": "test", "int4lab_ood": "ood"}
 
 
+def check_tasks(tasks) -> None:
+    """ValueError naming --tasks unless every name is a task lm-eval knows (or one of LOCAL_TASKS); reads
+    lm-eval's task index (its YAML files), loads no model. Without lm-eval installed, any non-local task is
+    refused with the install hint."""
+    for t in tasks:
+        if not isinstance(t, str) or not t:
+            raise ValueError(f"--tasks: each task must be an lm-eval task name, got {t!r}")
+    rest = [t for t in tasks if t not in LOCAL_TASKS]
+    if not rest:
+        return
+    try:
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        raise ValueError(f"--tasks {' '.join(rest)} needs lm-eval: pip install lm-eval") from None
+    from ..locations import DATA
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
+    known = set(TaskManager(include_path=str(DATA / "tasks")).all_tasks)
+    unknown = [t for t in rest if t not in known]
+    if unknown:
+        raise ValueError(f"--tasks: task must be one lm-eval knows (e.g. wikitext, or {', '.join(LOCAL_TASKS)}), "
+                         f"got unknown {', '.join(map(repr, unknown))}")
+
+
 def _doc_logliks(model, tok, task: str, limit, max_length: int, batch_size: int = 4) -> tuple:
     """(loglik [D], tokens [D], lm-eval metrics) of one model on one task."""
     import lm_eval

@@ -37,7 +37,8 @@ def documents_per_text(texts, max_docs: int | None = None) -> dict:
 
 def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threads=None, floor_stride=None,
                    n_boot=None, parity_steps=None, limit=None, calib_tokens=None, calib_len=None, min_rows=None,
-                   damp=None, dither=None, trained_context=None, texts=None, device=None) -> None:
+                   damp=None, dither=None, trained_context=None, texts=None, device=None,
+                   batch_tokens=None, stat_bytes=None, seed=None, device_map=None) -> None:
     """Refuse degenerate gate settings before any work (module doc). An argument left None is not checked
     (its default applies). trained_context: the model's (texts.trained_context), the largest window.
     texts: the texts to score, source specs or `sources.TextSource`s; with them, every text must keep MIN_DOCS
@@ -62,7 +63,9 @@ def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threa
                               ("n_boot", "--boot", n_boot, MIN_BOOT),
                               ("parity_steps", "--parity-steps", parity_steps, 0),
                               ("limit", "--limit", limit, 1), ("calib_tokens", "--calib-tokens", calib_tokens, 1),
-                              ("calib_len", "--calib-len", calib_len, 1), ("min_rows", "--min-rows", min_rows, 1)):
+                              ("calib_len", "--calib-len", calib_len, 1), ("min_rows", "--min-rows", min_rows, 1),
+                              ("batch_tokens", "--batch-tokens", batch_tokens, 1),
+                              ("stat_bytes", "--stat-bytes", stat_bytes, 1), ("seed", "--seed", seed, 0)):
         if v is not None:
             _need(_int(v) and v >= lo, name, flag, f"an int >= {lo}", v)
     if calib_tokens is not None and calib_len is not None:
@@ -76,6 +79,8 @@ def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threa
               "a number in [0, 0.5] (units of the scale)", dither)
     if device is not None:
         check_device(device)
+    if device_map is not None:
+        check_device_map(device_map)
     if texts is not None:
         from .sources import check_document_count, read_sources
         check_document_count(read_sources(texts), max_docs, MIN_DOCS)
@@ -97,3 +102,17 @@ def check_device(device) -> None:
                              f"{torch.cuda.device_count()} CUDA devices")
     elif d.type != "cpu":
         raise ValueError(f"--device: device must be cpu or cuda[:N], got {device!r}")
+
+
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_device_map(device_map) -> None:
+    """ValueError naming --device-map unless it is one of accelerate's strategies or a device here."""
+    if device_map in DEVICE_MAPS:
+        return
+    try:
+        check_device(device_map)
+    except ValueError:
+        raise ValueError(f"--device-map: device_map must be one of {DEVICE_MAPS} or a device (cpu, cuda[:N]), "
+                         f"got {device_map!r}") from None

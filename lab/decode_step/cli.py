@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -87,20 +88,48 @@ def _check(args) -> None:
         raise ValueError(f"--batches must be >= 1, got {args.batches}")
     if min(args.contexts) <= 32 + args.prompt:
         raise ValueError(f"--contexts must exceed 32 positions of headroom and the prompt, got {args.contexts}")
+    for flag in ("replays", "samples", "eager_steps", "eager_samples", "floor_replays", "prompt"):
+        v = getattr(args, flag)
+        if v < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be an int >= 1, got {v}")
+    for flag in ("eager_warmup", "greedy_steps", "seed"):
+        if getattr(args, flag) < 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be an int >= 0, got {getattr(args, flag)}")
+    if not (math.isfinite(args.budget_s) and args.budget_s > 0):
+        raise ValueError(f"--budget-s must be a positive finite number of seconds, got {args.budget_s}")
+    if not (math.isfinite(args.compile_reserve_s) and args.compile_reserve_s >= 0):
+        raise ValueError(f"--compile-reserve-s must be a finite number >= 0, got {args.compile_reserve_s}")
+    if args.prior is not None and not Path(args.prior).is_file():
+        raise ValueError(f"--prior {args.prior!r} is not an existing receipt file (leave it out to continue "
+                         "from --out)")
+
+
+def _read_prior(src: Path, flag: str) -> dict:
+    """The earlier receipt at src ({} when absent); ValueError naming flag when it is not a decode_step receipt."""
+    if not src.exists():
+        return {}
+    try:
+        rec = json.loads(src.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{flag} {str(src)!r} is not a readable JSON receipt: {e}") from None
+    if not isinstance(rec, dict) or rec.get("kind", "decode_step") != "decode_step" or \
+            not isinstance(rec.get("archs", {}), dict):
+        raise ValueError(f"{flag} {str(src)!r} is not a decode_step receipt (kind {rec.get('kind')!r})"
+                         if isinstance(rec, dict) else f"{flag} {str(src)!r} is not a decode_step receipt")
+    return rec
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    out = Path(args.out) if args.out else ROOT / "runs" / f"decode_step_{card()}.json"
     try:
         _check(args)
+        before = _read_prior(Path(args.prior) if args.prior else out, "--prior" if args.prior else "--out")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else ROOT / "runs" / f"decode_step_{card()}.json"
     t0 = time.time()
     deadline = t0 + args.budget_s
-    src = Path(args.prior) if args.prior else out
-    before = json.loads(src.read_text()) if src.exists() else {}
     prior = before.get("archs", {})
     archs = dict(prior)
     import transformers

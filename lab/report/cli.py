@@ -28,6 +28,8 @@ def main(argv=None) -> int:
                     help="other pages whose real-width and decode-step blocks to rewrite (notes/realscale.md)")
     ap.add_argument("--anchors", type=Path, default=ANCHORS, help="folder with recorded llama.cpp timings")
     args = ap.parse_args(argv)
+    if not args.anchors.is_dir():
+        ap.error(f"--anchors {str(args.anchors)!r} is not a folder (the recorded llama.cpp timings)")
     if args.readme:
         print(f"rewrote {rewrite_readme(args.readme, layout_block(), LAYOUT_START, LAYOUT_END)}")
         if not (args.results or args.notes or args.pages):
