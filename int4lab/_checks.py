@@ -44,6 +44,8 @@ def check_k(name: str, k: int, block: int = 32) -> None:
 
 
 def check_finite(name: str, t: torch.Tensor) -> None:
+    if t.is_meta:
+        raise ValueError(f"{name} must hold data: it is on the meta device (shapes only), got device meta")
     if not bool(torch.isfinite(t).all()):
         raise ValueError(f"{name} must be finite (no NaN or inf)")
 
