@@ -295,7 +295,7 @@ def gpu_cap(max_memory) -> int | None:
 
 def check_args(args) -> list:
     """The depths to run per architecture, {arch: [layers]}; ValueError naming the flag and the rule."""
-    from int4lab.gate.cli import check_extra_flags, check_settings, parse_max_memory
+    from int4lab.gate.cli import check_extra_flags, check_settings
     if bool(args.full) == bool(args.layers):
         raise ValueError("--layers: give the depths to measure, or --full; --layers is not with --full")
     if args.layers and (len(set(args.layers)) != len(args.layers) or len(args.layers) < 2):
@@ -312,8 +312,7 @@ def check_args(args) -> list:
         out[arch] = layers
     if args.max_memory and not args.device_map:
         raise ValueError("--max-memory: needs --device-map (accelerate places the layers by it)")
-    check_settings(device=args.device, device_map=args.device_map)
-    parse_max_memory(args.max_memory)
+    check_settings(device=args.device, device_map=args.device_map, max_memory=args.max_memory)
     check_extra_flags(args.gate_args, README_FLAGS, flag="--gate-args")
     return out
 

@@ -164,7 +164,7 @@ def main(argv=None, stamp=None, prog: str = "python -m int4lab.gate") -> int:
                        min_rows=args.min_rows, damp=args.damp, dither=args.dither,
                        trained_context=context, texts=texts, device=args.device,
                        batch_tokens=args.batch_tokens, stat_bytes=args.stat_bytes, seed=args.seed,
-                       device_map=args.device_map)
+                       device_map=args.device_map, max_memory=args.max_memory)
         if args.out is not None and not args.out.strip():
             raise ValueError(f"--out: out must name a file, got {args.out!r} (leave it out for runs/)")
         path = check_out_path(args.out if args.out is not None else receipt_path(name))

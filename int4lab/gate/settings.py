@@ -38,7 +38,7 @@ def documents_per_text(texts, max_docs: int | None = None) -> dict:
 def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threads=None, floor_stride=None,
                    n_boot=None, parity_steps=None, limit=None, calib_tokens=None, calib_len=None, min_rows=None,
                    damp=None, dither=None, trained_context=None, texts=None, device=None,
-                   batch_tokens=None, stat_bytes=None, seed=None, device_map=None) -> None:
+                   batch_tokens=None, stat_bytes=None, seed=None, device_map=None, max_memory=None) -> None:
     """Refuse degenerate gate settings before any work (module doc). An argument left None is not checked
     (its default applies). trained_context: the model's (texts.trained_context), the largest window.
     texts: the texts to score, source specs or `sources.TextSource`s; with them, every text must keep MIN_DOCS
@@ -81,6 +81,12 @@ def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threa
         check_device(device)
     if device_map is not None:
         check_device_map(device_map)
+    if max_memory is not None:
+        from .models import parse_max_memory
+        try:
+            parse_max_memory(max_memory)
+        except ValueError as e:
+            raise ValueError(f"--max-memory: {e}") from None
     if texts is not None:
         from .sources import check_document_count, read_sources
         check_document_count(read_sources(texts), max_docs, MIN_DOCS)

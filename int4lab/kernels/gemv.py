@@ -16,8 +16,6 @@ so the workspace is not first allocated inside the capture.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .. import _checks
@@ -95,15 +93,16 @@ F32_MAX = torch.finfo(torch.float32).max
 
 
 def check_x_range(x2, scales, K) -> None:
-    """ValueError unless x is finite and small enough that no float32 sum of the layer can overflow:
-    max|x| * K * 8 * max scale (the largest |y| any output could reach) within float32's range. Beyond it
-    partial sums of opposite sign overflow to +inf and -inf and the output turns NaN. Reads x and the scales
-    (two reductions), so it is skipped under CUDA-graph capture and inside `ids_unread()`, as check_ids is."""
+    """ValueError unless the finite values of x are small enough that no float32 sum of the layer can
+    overflow: max|x| * K * 8 * max scale (the largest |y| any output could reach) within float32's range.
+    Beyond it partial sums of opposite sign overflow to +inf and -inf and a row of finite inputs comes out
+    NaN. NaN and inf in x are not refused: they propagate to their rows, as torch.nn.functional.linear's do.
+    Reads x and the scales (two reductions), so it is skipped under CUDA-graph capture and inside
+    `ids_unread()`, as check_ids is."""
     if not _checks._ID_VALUES[-1] or _checks.capturing() or x2.numel() == 0:
         return
-    amax = float(x2.abs().amax())
-    if not math.isfinite(amax):
-        raise ValueError("x must be finite (no NaN or inf)")
+    a = x2.abs()
+    amax = float(a.masked_fill(~torch.isfinite(a), 0).amax())
     bound = amax * K * 8 * float(scales.float().abs().amax())
     if bound > F32_MAX:
         raise ValueError(f"x is out of range for float32 accumulation: max|x| = {amax:.3g} times K * 8 * max "
