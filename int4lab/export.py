@@ -357,14 +357,6 @@ def build_model(model: str, scheme: str | None, targets: str = "experts", *, cal
     return m, tok, name
 
 
-def _check_calib(calib_tokens: int, calib_len: int, context: int) -> None:
-    if calib_len > context:
-        raise ValueError(f"--calib-len must be at most the model's trained context {context}, got {calib_len}")
-    if calib_tokens < calib_len:
-        raise ValueError(f"--calib-tokens must be at least --calib-len ({calib_len}): one calibration window, "
-                         f"got {calib_tokens}")
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m int4lab.export", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -381,17 +373,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from .files import check_out_path
     from .gate.cli import model_name_and_context
+    from .gate.settings import check_settings
     try:                                              # refused before the model is built
         if args.source and (args.scheme or args.targets):
             raise ValueError("--source writes the unquantised model: drop --scheme / --targets, or drop --source")
-        for flag, v in (("--calib-tokens", args.calib_tokens), ("--calib-len", args.calib_len)):
-            if v < 1:
-                raise ValueError(f"{flag} must be a positive int, got {v}")
         check_out_path(args.out, force=args.force)
-        _, context = model_name_and_context(args.model)     # a tiny model name, or a directory with a usable config
+        _, context = model_name_and_context(args.model)   # a tiny model name, or a directory with a usable config
+        check_settings(calib_tokens=args.calib_tokens, calib_len=args.calib_len,    # the gate's calibration rules
+                       trained_context=None if args.source else context)
         scheme, targets = args.scheme or "rtn", args.targets or "experts"
-        if scheme == "gptq" and not args.source:
-            _check_calib(args.calib_tokens, args.calib_len, context)
         m, _, name = build_model(args.model, None if args.source else scheme, targets,
                                  calib_tokens=args.calib_tokens, calib_len=args.calib_len, progress=True)
         label = "source" if args.source else f"{scheme}-{targets}"

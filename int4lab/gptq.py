@@ -295,6 +295,10 @@ def gptq_quantize_experts(w: torch.Tensor, hessian: torch.Tensor, damp: float = 
     diag = H.diagonal(dim1=-2, dim2=-1)
     if bool((diag < 0).any()):
         raise ValueError("hessian must have a non-negative diagonal (H = 2/n Σ x xᵀ)")
+    tol = 1e-4 * H.abs().amax(dim=(-2, -1))                              # per expert, as `_check_hessian`
+    asym = ((H - H.transpose(-2, -1)).abs().amax(dim=(-2, -1)) > tol).nonzero().flatten().tolist()
+    if asym:
+        raise ValueError(f"hessian must be symmetric (H = 2/n Σ x xᵀ): experts {asym[:8]} are not")
     dead = diag == 0                                                     # [E, K]
     if bool(dead.all(-1).any()):
         raise ValueError("a hessian is all zero: no calibration activation reached that expert; pack it with "

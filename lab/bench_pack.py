@@ -11,9 +11,9 @@ Each repeat times one call, from source weight and Hessian already on the device
 (torch.cuda.synchronize() before stopping the clock). The Hessian is built from synthetic activations
 (`lab.chapters.calib.synthetic_activations`, 2K rows), which does not change the work: GPTQ's cost is the Cholesky
 factorisation of H (~K³/3 flops, twice) plus the column sweep (~2NK·blocksize flops and K small steps).
-Writes runs/gptq_pack_<cpu|h200|gpu name>.json (data/receipts/ only when --out names it): rows of N, K, device, impl, seconds (median wall
-time) with min/max and the median process CPU time (on a shared CPU, wall time swings with the neighbours' load;
-CPU time much less), through `write_receipt`.
+Writes runs/gptq_pack_<cpu|h200|gpu name>.json (data/receipts/ only when --out names it): rows of N, K, device,
+impl, seconds (median wall time) with min/max and the median process CPU time (on a shared CPU, wall time swings
+with the neighbours' load; CPU time much less), through `write_receipt`.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import re
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -31,7 +32,6 @@ from int4lab.format import pack_int4_b32
 from int4lab.gate.arms import DITHER
 from int4lab.gptq import HessianAccumulator, gptq_pack_int4_b32
 from int4lab.quantize import dithered_pack
-from lab.paths import RUNS
 from lab.provenance import write_receipt
 
 IMPLS = {
@@ -97,22 +97,21 @@ def main(argv=None) -> int:
                     help="rtn = pack_int4_b32 (the baseline), gptq = damp 0.01, blocksize 128")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per shape and impl (median reported)")
     ap.add_argument("--no-write", action="store_true", help="print the rows, write no receipt")
-    ap.add_argument("--out", default=None,
+    ap.add_argument("--out", type=Path, default=None,
                     help="receipt path (default runs/gptq_pack_<device>.json; data/receipts/ only when named here)")
     args = ap.parse_args(argv)
-    from int4lab.files import check_out_path
-    try:
-        if args.device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device here")
-        for N, K in args.shapes or ():
-            if N < 1 or K < 32 or K % 32:
-                raise ValueError(f"--shapes {N}x{K}: N must be >= 1 and K a positive multiple of 32 (int4-b32 "
-                                 "blocks)")
-        if args.repeats < 1:
-            raise ValueError(f"--repeats must be an int >= 1, got {args.repeats}")
-        out = None if args.no_write else check_out_path(args.out or RUNS / receipt_name(args.device))
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    from int4lab.files import cli_out_ok
+    from lab.paths import RUNS
+    bad = [f"{N}x{K}" for N, K in args.shapes or () if N < 1 or K < 32 or K % 32]
+    if bad or args.repeats < 1:
+        print(f"error: --shapes {' '.join(bad)}: N must be >= 1 and K a positive multiple of 32 (int4-b32 blocks)"
+              if bad else f"error: --repeats must be an int >= 1, got {args.repeats}", file=sys.stderr)
+        return 2
+    out = args.out or RUNS / receipt_name(args.device)
+    if not args.no_write and not cli_out_ok(out):            # before anything is timed
+        return 2
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: no CUDA device here", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False     # GPTQ's updates in true fp32, as on the CPU
     shapes = args.shapes or DEFAULT_SHAPES[args.device]

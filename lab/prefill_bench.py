@@ -321,7 +321,10 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from int4lab.files import cli_out_ok
     from lab.provenance import portable_command, write_receipt
+    if not cli_out_ok(args.out):                          # before anything is measured
+        return 2
     payload = run(args.arch, args.layers, args.width, args.act, args.targets, args.batches, args.warmup,
                   args.repeats, args.sweep, args.seed, args.device, rounds=args.rounds)
     command = "python -m lab.prefill_bench " + " ".join(argv if argv is not None else sys.argv[1:])

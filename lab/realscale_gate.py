@@ -30,7 +30,9 @@ Full mode (--full): one run at the published depth, no warm-up (a user's run pay
 wall time with the checkpoint write, peaks, time by phase and gate / forwards beside an earlier fit's prediction
 (`realscale_predict.earlier_fit`).
 
-Depths run in increasing order; the receipt is rewritten after each one, so a timeout keeps what finished.
+Depths run in increasing order; the receipt is rewritten after each one, so a timeout keeps what finished: its
+top-level "complete" stays false until every depth ran ("interrupted" names what stopped it), and the report
+marks such a receipt.
 --deadline skips a depth whose predicted time (the last depth's, scaled by layers) would not fit what is left.
 """
 from __future__ import annotations
@@ -42,6 +44,7 @@ import json
 import math
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -325,8 +328,11 @@ def window_of(arch: str, width: str, extra) -> int:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    try:
+    try:                              # before anything is built: the flags, where the receipt and the scratch go
         plan = check_args(args)
+        from int4lab.files import check_dir_path, check_out_path
+        check_out_path(args.out)
+        check_dir_path(args.workdir, flag="--workdir")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -345,34 +351,44 @@ def main(argv=None) -> int:
                 "mode": "full depth" if args.full else "fit",
                 "targets": {"gate_s": TARGET_S, "gate_over_forwards": TARGET_RATIO},
                 "extrapolation": "q = fixed + layers x per_layer through the measured depths (least squares)"}
-    payload = {"settings": settings, "archs": {}}
+    payload = {"settings": settings, "complete": False, "archs": {}}   # complete: set once every depth ran
     failed = 0
     from lab.realscale_predict import default_arms, earlier_fit, full_text_size
-    for arch, layers in plan.items():
-        a = payload["archs"].setdefault(arch, {"full_layers": FULL_LAYERS[arch], "depths": {}})
-        predict = (full_text_size(window_of(arch, args.width, extra)), default_arms(README_FLAGS))
-        prev = None
-        for L in layers:
-            if args.deadline and prev:
-                need = prev[1] * L / prev[0]            # the last depth's time, scaled by layers: an upper bound
-                left = args.deadline - (time.time() - t_start)
-                if need > left:
-                    a["depths"][str(L)] = {"layers": L, "skipped": f"predicted {need:.0f} s, {left:.0f} s left"}
-                    log(f"{arch} {L} layers skipped: predicted {need:.0f} s, {left:.0f} s left")
-                    continue
-            log(f"== {arch}: {L} of {FULL_LAYERS[arch]} layers, {args.width} width")
-            rec = measure_depth(arch, L, args.workdir, args.width, args.device, args.device_map, args.max_memory,
-                                extra, log, warmup=args.warmup and not args.full and prev is None, predict=predict)
-            a["depths"][str(L)] = rec
-            failed += "error" in rec
-            if rec.get("gate"):
-                prev = (L, rec["gate"]["s"] + rec["synth"]["s"])
-            if args.full:
-                a["full"] = full_record(rec, earlier_fit(args.compare, arch))
-            else:
-                a["extrapolation"] = extrapolate_arch(arch, a["depths"], card, args.device_map, args.max_memory)
-            write(args.out, payload, command)
-            log(f"receipt written: {args.out}")
+    old_handler = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))    # `timeout` stops with SIGTERM
+    try:
+        for arch, layers in plan.items():
+            a = payload["archs"].setdefault(arch, {"full_layers": FULL_LAYERS[arch], "depths": {}})
+            predict = (full_text_size(window_of(arch, args.width, extra)), default_arms(README_FLAGS))
+            prev = None
+            for L in layers:
+                if args.deadline and prev:
+                    need = prev[1] * L / prev[0]            # the last depth's time, scaled by layers: an upper bound
+                    left = args.deadline - (time.time() - t_start)
+                    if need > left:
+                        a["depths"][str(L)] = {"layers": L, "skipped": f"predicted {need:.0f} s, {left:.0f} s left"}
+                        log(f"{arch} {L} layers skipped: predicted {need:.0f} s, {left:.0f} s left")
+                        continue
+                log(f"== {arch}: {L} of {FULL_LAYERS[arch]} layers, {args.width} width")
+                rec = measure_depth(arch, L, args.workdir, args.width, args.device, args.device_map, args.max_memory,
+                                    extra, log, warmup=args.warmup and not args.full and prev is None, predict=predict)
+                a["depths"][str(L)] = rec
+                failed += "error" in rec
+                if rec.get("gate"):
+                    prev = (L, rec["gate"]["s"] + rec["synth"]["s"])
+                if args.full:
+                    a["full"] = full_record(rec, earlier_fit(args.compare, arch))
+                else:
+                    a["extrapolation"] = extrapolate_arch(arch, a["depths"], card, args.device_map, args.max_memory)
+                write(args.out, payload, command)
+                log(f"receipt written: {args.out}")
+    except BaseException as e:               # Ctrl-C, SIGTERM, an error: what finished is kept, marked partial
+        payload["interrupted"] = f"{type(e).__name__}: {e}"[:500]
+        write(args.out, payload, command)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, old_handler)
+    payload["complete"] = True
+    write(args.out, payload, command)
     return 1 if failed else 0
 
 

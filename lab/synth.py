@@ -142,9 +142,10 @@ def write_checkpoint(arch: str, layers: int, out, width: str = "real", seed: int
     _check(arch, layers, width)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-    out = Path(out)
+    from int4lab.files import check_dir_path
+    out = check_dir_path(out, flag="out")            # a directory or a new path, writable, before anything is built
     if out.exists() and any(out.iterdir()):
-        raise ValueError(f"out {out} exists and is not empty: choose a fresh directory")
+        raise ValueError(f"out {str(out)!r} exists and is not empty: choose a fresh directory")
     check_shard_size(max_shard_size)
     from transformers import AutoModelForCausalLM
 
@@ -247,7 +248,7 @@ def main(argv=None) -> int:
         s = write_checkpoint(args.arch, args.layers, args.out, args.width, args.seed, args.max_shard_size,
                              getattr(torch, args.dtype), args.device)
     except (ValueError, TypeError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {str(e).replace('out ', '--out ', 1) if str(e).startswith('out ') else e}", file=sys.stderr)
         return 2
     print(json.dumps({k: v for k, v in s.items() if k != "config"}))
     return 0

@@ -4,6 +4,11 @@
     python -m lab.train --arch mixtral --steps 3 --seq-len 32 --batch 2 \
         --train-tokens 5000 --eval-tokens 2000 --out /tmp/m --receipts /tmp/r          # CPU smoke run
 
+Outputs go under runs/ (git-ignored) unless named: checkpoints to runs/models/<arch>/, the receipt to
+runs/train_<arch>.json. The published ones (data/models/, data/receipts/) are rewritten only when --out /
+--receipts name them. Every output path is checked before training starts, and a checkpoint directory is
+replaced whole only once the new one is saved.
+
 Objective: next-token cross-entropy + router_aux_loss_coef x the load-balancing loss (Switch-Transformer
 style, computed by transformers from the router logits), AdamW, linear warm-up then cosine decay to a tenth
 of the peak rate, bf16 autocast on CUDA (fp32 master weights), gradient clipping at 1.0.
@@ -31,15 +36,16 @@ import hashlib
 import math
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from lab.paths import RECEIPTS
+from lab.paths import RUNS
 from lab.provenance import write_receipt
-from int4lab.models.checkpoints import MODELS_DIR, load_tiny, model_dir
+from int4lab.models.checkpoints import load_tiny, model_dir
 from int4lab.models.configs import ARCHS, check_arch, expert_shapes, tiny_config
 from int4lab.models.tokenizer import TOKENIZER_DIR, load_tokenizer
 
@@ -176,10 +182,14 @@ def train_one(arch: str, texts: dict, args, command: str) -> dict:
         model.load_state_dict(best_state)
 
     out_dir = model_dir(arch, args.out)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    model.config.trained_context = args.seq_len   # the gate's longest window (int4lab.gate.trained_context)
-    model.to(torch.bfloat16).save_pretrained(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=f".{arch}.", suffix=".partial", dir=out_dir.parent))
+    try:
+        model.config.trained_context = args.seq_len   # the gate's longest window (int4lab.gate.trained_context)
+        model.to(torch.bfloat16).save_pretrained(fresh)
+        _replace_dir(fresh, out_dir)
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
     del model, opt
 
     # Evaluate what was saved: bf16 weights, fp32 compute.
@@ -239,7 +249,39 @@ def train_one(arch: str, texts: dict, args, command: str) -> dict:
     return payload
 
 
-def main(argv=None) -> None:
+def _replace_dir(fresh: Path, target: Path) -> None:
+    """Put the directory `fresh` at `target`: a directory there is moved aside first and removed only once the new
+    one stands (a failure in between leaves the old one under its own name)."""
+    old = None
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+        os.replace(target, old / target.name)
+    try:
+        os.replace(fresh, target)
+    except BaseException:
+        if old is not None:
+            os.replace(old / target.name, target)
+            shutil.rmtree(old, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def check_outputs(args, archs) -> None:
+    """Before any training: every receipt path and checkpoint directory this run writes is acceptable, and the
+    tokenizer is there (ValueError / FileNotFoundError naming the flag)."""
+    from int4lab.files import check_dir_path, check_out_path
+    check_dir_path(args.receipts, flag="--receipts")
+    check_dir_path(args.out, flag="--out")
+    for arch in archs:
+        check_out_path(Path(args.receipts) / f"train_{arch}.json", flag="--receipts")
+        check_dir_path(model_dir(arch, args.out), flag="--out")
+    tok = Path(args.tokenizer or TOKENIZER_DIR) / "tokenizer.json"
+    if not tok.is_file():
+        raise FileNotFoundError(f"--tokenizer: no tokenizer.json in {tok.parent}")
+
+
+def main(argv=None) -> int:
     import sys
 
     from int4lab.corpus import load_split
@@ -265,19 +307,29 @@ def main(argv=None) -> None:
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tokenizer", type=Path, default=None, help="tokenizer folder (default data/tokenizer)")
-    ap.add_argument("--out", type=Path, default=MODELS_DIR, help="checkpoints go to <out>/<arch>/")
-    ap.add_argument("--receipts", type=Path, default=RECEIPTS, help="receipt goes to <receipts>/train_<arch>.json")
+    ap.add_argument("--out", type=Path, default=RUNS / "models",
+                    help="checkpoints go to <out>/<arch>/ (default runs/models; data/models only when named here)")
+    ap.add_argument("--receipts", type=Path, default=RUNS,
+                    help="receipt goes to <receipts>/train_<arch>.json (default runs/; data/receipts only when named)")
     args = ap.parse_args(argv)
     for name in ("steps", "seq_len", "batch", "warmup", "log_every", "eval_batch"):
         if getattr(args, name) <= 0:
             ap.error(f"--{name.replace('_', '-')} must be positive")
     if args.seq_len > 512:
         ap.error("--seq-len must be at most 512 (the configs' max_position_embeddings)")
+    archs = ARCHS if args.arch == "all" else (args.arch,)
+    try:
+        check_outputs(args, archs)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     command = "python -m lab.train " + " ".join(sys.argv[1:] if argv is None else argv)
     texts = {k: load_split(k) for k in ("train", "validation", "test", "ood")}
-    for arch in (ARCHS if args.arch == "all" else (args.arch,)):
+    for arch in archs:
         train_one(arch, texts, args, command)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+    sys.exit(main())

@@ -263,8 +263,8 @@ CLI = [
      r"--source writes the unquantised model: drop --scheme / --targets"),
     (_export, ["--model", "olmoe", "--out", "{file}"], r"--out '.*' exists; pass --force"),
     (_export, ["--model", "olmoe", "--out", "{tmp}"], r"--out '.*' is a directory"),
-    (_export, ["--model", "olmoe", "--calib-tokens", "0", "--out", "{tmp}/c.gguf"], r"--calib-tokens must be a "
-                                                                                     r"positive int"),
+    (_export, ["--model", "olmoe", "--calib-tokens", "0", "--out", "{tmp}/c.gguf"], r"--calib-tokens: calib_tokens "
+                                                                                     r"must be an int >= 1"),
     (_realscale, ["--arch", "olmoe", "--layers", "1", "--workdir", "{tmp}", "--out", "{tmp}"],
      r"--out '.*' is a directory"),
     (_realscale, ["--arch", "olmoe", "--layers", "1", "--workdir", "{file}", "--out", "{tmp}/r.json"],

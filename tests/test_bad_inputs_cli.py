@@ -72,7 +72,7 @@ CASES = [
     # decode_step
     ("decode", DS + ["--replays", "0"], r"--replays must be an int >= 1"),
     ("decode", DS + ["--samples", "0"], r"--samples must be an int >= 1"),
-    ("decode", DS + ["--prior", "{tmp}/nope.json"], r"--prior '.*nope.json' is not an existing receipt"),
+    ("decode", DS + ["--prior", "{tmp}/nope.json"], r"--prior '.*nope.json' does not exist"),
     ("decode", DS + ["--prior", "{garbage}"], r"--prior '.*garbage.json' is not a readable JSON receipt"),
     ("decode", DS + ["--budget-s", "-5"], r"--budget-s must be a positive finite"),
     # llamacpp
@@ -106,9 +106,9 @@ CASES = [
      r"--max-shard-size: max_shard_size must be a positive size"),
     # export: calibration sizes against each other and the trained context, before the model loads
     ("export", ["--model", "olmoe", "--scheme", "gptq", "--calib-tokens", "10", "--out", "{tmp}/x.gguf"],
-     r"--calib-tokens must be at least --calib-len \(256\)"),
+     r"--calib-tokens: calib_tokens must be at least calib_len \(256\)"),
     ("export", ["--model", "olmoe", "--scheme", "gptq", "--calib-len", "100000", "--out", "{tmp}/x.gguf"],
-     r"--calib-len must be at most the model's trained context"),
+     r"--calib-len: calib_len must be at most the model's trained context"),
     # notebooks
     ("notebooks", ["--no-write", "--quick", ""], r"a notebook pattern must be a non-empty part"),
 ]
@@ -131,7 +131,7 @@ def test_gate_refuses_unknown_lmeval_task_before_any_work(trip, capsys):
     """--tasks is checked against lm-eval's task index (its YAML files; no model) before anything loads."""
     pytest.importorskip("lm_eval")
     assert gate_cli.main(G + ["--tasks", "no_such_task_xyz"]) == 2
-    assert "--tasks: task must be one lm-eval knows" in capsys.readouterr().err
+    assert "--tasks: ['no_such_task_xyz'] are not lm-eval tasks" in capsys.readouterr().err
     lmeval.check_tasks(["int4lab_test", "int4lab_ood"])            # the local tasks need no index
 
 
@@ -161,7 +161,8 @@ def test_export_refuses_a_checkpoint_with_an_extra_tensor(tmp_path, capsys):
 def test_bench_pack_writes_runs_by_default(tmp_path, monkeypatch):
     """A toy run never replaces the committed receipt: the default output is runs/, data/receipts/ only by --out."""
     from lab import bench_pack
-    monkeypatch.setattr(bench_pack, "RUNS", tmp_path / "runs")
+    from lab import paths
+    monkeypatch.setattr(paths, "RUNS", tmp_path / "runs")
     published = {p: os.stat(p).st_mtime_ns for p in ROOT_FILES if os.path.exists(p)}
     assert bench_pack.main(["--shapes", "32x64", "--impls", "rtn", "--repeats", "1"]) == 0
     assert json.loads((tmp_path / "runs" / "gptq_pack_cpu.json").read_text())["rows"]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from int4lab import gate
+from int4lab.gate.table import fallback_note
 from int4lab.quantize import quantize_model
 
 from test_quantize import tiny_model
@@ -409,7 +410,7 @@ def test_tables(payload, tmp_path):
     head = text.splitlines()[0].split()
     assert head[:5] == ["arm", "text", "tokens", "ppl", "Δ%"] and head[-5:] == ["KL", "[95%", "CI]", "top-1", "verdict"]
     for name, a in payload["arms"].items():
-        assert any(line.startswith(name + " ") and line.rstrip().endswith(a["verdict"]["verdict"])
+        assert any(line.startswith(name + " ") and line.rstrip().endswith(a["verdict"]["verdict"] + fallback_note(a))
                    for line in text.splitlines())
     assert "lottery of rtn/experts/W4A8 (2 dithered re-packs), ticket - RTN per text: test " in text
     assert "  gptq/experts/W4A8 draw#2 - rtn/experts/W4A8: test " in text

@@ -227,8 +227,6 @@ def test_prefill_experts_within_the_bound_of_the_reference(R, k, device):
     E, H, I = 12, 64, 32
     mod = experts_module(E, H, I, "int8", nn.SiLU(), device)
     ids, tw = routing(R, k, E, used=9)                                         # experts 9..11 unused
-    if R == 65:
-        ids[0, 0], ids[5, k - 1] = E, -1                                       # outside [0, E): no contribution
     x = torch.randn(R, H).bfloat16()
     got = prefill_experts(mod, x.to(device), ids.to(device), tw.to(device)).cpu()
     mod.kernels = False

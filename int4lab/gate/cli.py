@@ -43,7 +43,7 @@ def model_name_and_context(model: str) -> tuple[str, int]:
     if not path.is_dir():
         raise FileNotFoundError(f"--model {model!r} is neither a tiny model name {tuple(ARCHS)} nor an existing "
                                 f"checkpoint directory")
-    return path.name, trained_context(path.name, load_config(path))
+    return path.name, trained_context(path.name, load_config(path, files=True))
 
 
 def parser() -> argparse.ArgumentParser:

@@ -46,7 +46,7 @@ def check_max_memory(max_memory, device_map) -> None:
         raise ValueError("max_memory needs device_map (e.g. --device-map auto): it bounds accelerate's placement")
 
 
-def load_config(path):
+def load_config(path, files: bool = False):
     """The transformers config of a checkpoint directory; ValueError naming --model when config.json is
     missing, not JSON, or of an architecture int4lab cannot quantise."""
     from transformers import AutoConfig
@@ -64,7 +64,35 @@ def load_config(path):
         raise ValueError(f"--model {str(path)!r}: config.json is not a usable transformers config ({e})") from None
     if cfg.model_type not in LAYOUT:
         raise ValueError(f"unsupported architecture {cfg.model_type!r} in {path}: int4lab handles {tuple(LAYOUT)}")
+    if files:                                  # a checkpoint directory: its weights and tokenizer too
+        _check_files(path)
     return cfg
+
+
+def _check_files(path: Path) -> None:
+    """A checkpoint directory holds weights (every shard its index names) and a tokenizer: refused by name here,
+    before any weight loads, rather than by transformers after the model did."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"--model {str(path)!r}: {index.name} is not a usable shard index ({e})") from None
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            raise ValueError(f"--model {str(path)!r}: weight shards named in {index.name} are missing: {missing[:5]}")
+    elif not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise ValueError(f"--model {str(path)!r} holds no weights (no *.safetensors or *.bin beside config.json)")
+    from safetensors import SafetensorError, safe_open
+    for f in sorted(path.glob("*.safetensors")):                   # headers only: a truncated file shows here
+        try:
+            with safe_open(str(f), framework="pt"):
+                pass
+        except SafetensorError as e:
+            raise ValueError(f"--model {str(path)!r}: a weight file is not readable safetensors (truncated or "
+                             f"corrupt?): {f.name}: {e}") from None
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        raise ValueError(f"--model {str(path)!r} holds no tokenizer (tokenizer.json, tokenizer.model or vocab.json)")
 
 
 def load_model(model: str, dtype=torch.float32, device: str = "cpu", device_map: str | None = None,
@@ -90,7 +118,7 @@ def load_model(model: str, dtype=torch.float32, device: str = "cpu", device_map:
                                 f"checkpoint directory")
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    load_config(path)
+    load_config(path, files=True)
     kw = {"device_map": device_map} if device_map else {}
     if max_memory:
         kw["max_memory"] = max_memory
@@ -99,6 +127,8 @@ def load_model(model: str, dtype=torch.float32, device: str = "cpu", device_map:
     except SafetensorError as e:
         raise ValueError(f"--model {str(path)!r}: a weight file is not readable safetensors (truncated or "
                          f"corrupt?): {e}") from None
+    except OSError as e:
+        raise ValueError(f"--model {str(path)!r}: transformers cannot load its weights ({e})") from None
     except RuntimeError as e:                   # transformers' loading report: missing or misshapen tensors
         if "ignore_mismatched_sizes" not in str(e):
             raise

@@ -87,7 +87,8 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     sources = read_sources(texts)
     texts = list(sources)
     check_settings(window=window, max_docs=max_docs, budget=budget, batch=batch, floor_stride=floor_stride,
-                   n_boot=n_boot, parity_steps=parity_steps, limit=limit, texts=list(sources.values()))
+                   n_boot=n_boot, parity_steps=parity_steps, limit=limit, texts=list(sources.values()),
+                   calib_tokens=calib_tokens, calib_len=calib_len, min_rows=min_rows, damp=damp)
     budget = check_budget(budget)
     if not arms:
         raise ValueError("arms must name at least one quantised arm")
@@ -96,6 +97,9 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
         raise ValueError(f"arm names must be unique, got {names}")
     calib_src = calib_source(calib_text, arms)
     GroupSizer(arms_per_group, "cpu", 0)                     # its checks, before anything is loaded
+    if tasks:
+        from .lmeval import check_tasks
+        check_tasks(tasks)
     from .models import check_max_memory, load_model
     check_max_memory(max_memory, device_map)
     _load = loader or (lambda dt: load_model(model, dt, device, device_map, max_memory))
@@ -109,7 +113,9 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     src, tok, name = load(dtype)
     load_source_s = time.time() - t0
     arch = model_arch(src)
-    L = window or trained_context(name, src.config)
+    context = trained_context(name, src.config)
+    check_settings(window=window, calib_len=calib_len, trained_context=context)     # the model's own limit
+    L = window or context
     wins = {t: Windows(tok, list(src.docs)[:max_docs], L) for t, src in sources.items()}
     nb = sum(len(w.batches(batch, batch_tokens)) for w in wins.values())
     vocab = src.get_output_embeddings().weight.shape[0]

@@ -68,6 +68,10 @@ def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threa
                               ("stat_bytes", "--stat-bytes", stat_bytes, 1), ("seed", "--seed", seed, 0)):
         if v is not None:
             _need(_int(v) and v >= lo, name, flag, f"an int >= {lo}", v)
+    if calib_len is not None and trained_context is not None:        # the rule --window follows
+        _need(calib_len <= trained_context, "calib_len", "--calib-len",
+              f"at most the model's trained context {trained_context} (GPTQ would calibrate on positions the "
+              "model never trained on)", calib_len)
     if calib_tokens is not None and calib_len is not None:
         _need(calib_tokens >= calib_len, "calib_tokens", "--calib-tokens",
               f"at least calib_len ({calib_len}): one calibration sequence", calib_tokens)

@@ -9,6 +9,17 @@ def _pct(c: dict) -> str:
     return f"{c['value']:+.2%} [{c['lo']:+.2%}, {c['hi']:+.2%}]"
 
 
+def fallback_note(arm: dict) -> str:
+    """" (GPTQ→RTN fallback: n of m experts)" for a GPTQ arm some of whose experts had too few calibration rows
+    and were packed round-to-nearest (its quant_report's `fallback`); "" otherwise. Shown beside the verdict:
+    the verdict judges that mix, not GPTQ alone."""
+    q = arm.get("quant_report") or {}
+    fb = q.get("fallback") or []
+    if arm.get("kind") != "gptq" or not fb:
+        return ""
+    return f" (GPTQ→RTN fallback: {len(fb)} of {len(fb) + int(q.get('gptq_experts') or 0)} experts)"
+
+
 def rows(payload: dict) -> list[dict]:
     """One dict per (arm, text) of a gate payload/receipt: the source and the floor first, then every arm."""
     out = []
@@ -22,7 +33,8 @@ def rows(payload: dict) -> list[dict]:
     for name, a in payload["arms"].items():
         for t, c in a["texts"].items():
             out.append({"arm": name, "text": t, "tokens": c["tokens"], "ppl": c["ppl"], "delta": c["rel"],
-                        "kl": c["kl"], "top1": c["top1"]["value"], "verdict": a["verdict"]["verdict"]})
+                        "kl": c["kl"], "top1": c["top1"]["value"],
+                        "verdict": a["verdict"]["verdict"] + fallback_note(a)})
     return out
 
 
@@ -81,7 +93,8 @@ def render_gate_table(receipts_dir) -> str:
             judged = cal.get(name.split(" ")[0], "–") if a["kind"] == "gptq" else "–"
             cells = [_pct(a["texts"][t]["rel"]) if t in a["texts"] else "–" for t in texts]
             kls = [_kl(a["texts"][t]["kl"]) if t in a["texts"] else "–" for t in texts]
-            lines.append("| " + " | ".join([r["model"], name] + cells + [a["verdict"]["verdict"]] + kls
+            verdict = a["verdict"]["verdict"] + fallback_note(a)
+            lines.append("| " + " | ".join([r["model"], name] + cells + [verdict] + kls
                                           + [judged, f"`{p.name}`"]) + " |")
         blank = [""] * (1 + len(texts))
         for base, lot in r.get("lottery", {}).items():

@@ -30,8 +30,9 @@ def load_tiny(arch: str, dtype: torch.dtype = torch.float32, device="cpu", root=
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     path = model_dir(arch, root)
     if not (path / "config.json").exists() or not (path / "model.safetensors").exists():
-        raise FileNotFoundError(f"no checkpoint at {path} (config.json + model.safetensors): train it with "
-                                f"`python -m lab.train --arch {arch}`")
+        raise FileNotFoundError(f"no checkpoint at {path} (config.json + model.safetensors): train one with "
+                                f"`python -m lab.train --arch {arch} --out DIR` and load it with root=DIR "
+                                f"(without --out it goes to runs/models/)")
     kwargs = {} if experts_implementation is None else {"experts_implementation": experts_implementation}
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
     return model.to(device).eval()

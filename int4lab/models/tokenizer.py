@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 from .checkpoints import TOKENIZER_DIR
@@ -61,7 +62,7 @@ def load_tokenizer(path=None, add_bos: bool = False):
     return AutoTokenizer.from_pretrained(path, add_bos_token=add_bos, add_eos_token=False)
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     from ..corpus import CORPUS_DIR, load_split, sha256
 
     ap = argparse.ArgumentParser(prog="python -m int4lab.models.tokenizer",
@@ -71,9 +72,13 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=TOKENIZER_DIR)
     args = ap.parse_args(argv)
     if not args.rebuild:
-        tok = load_tokenizer(args.out)
+        try:
+            tok = load_tokenizer(args.out)
+        except FileNotFoundError as e:
+            print(f"error: --out: {e}", file=sys.stderr)
+            return 2
         print(f"{args.out}: {len(tok)} tokens, bos={tok.bos_token_id}, eos={tok.eos_token_id}")
-        return
+        return 0
     tok = build_tokenizer(load_split("train"), args.out, args.vocab_size)
     build = {"trained_on": "data/corpus/train.txt", "train_sha256": sha256(CORPUS_DIR / "train.txt"),
              "vocab_size": len(tok), "model": "byte-level BPE, min_frequency=2", "specials": [BOS, EOS],
@@ -81,7 +86,8 @@ def main(argv=None) -> None:
              "command": f"python -m int4lab.models.tokenizer --rebuild --vocab-size {args.vocab_size}"}
     (Path(args.out) / "BUILD.json").write_text(json.dumps(build, indent=1) + "\n")
     print(f"{args.out}: {len(tok)} tokens")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from .driver import check_unquantised, quantize_model
+from .modules import restored_on_failure
 from .layout import Scheme, model_arch
 
 FORMAT_VERSION = 2
@@ -88,16 +89,33 @@ def _json_field(path, meta: dict, key: str):
         raise ValueError(f"{path}: metadata field {key!r} is missing or not JSON ({e}): the file is corrupt") from None
 
 
+# safetensors' dtype names (the header's "dtype" field) of the dtypes a quantised state holds
+_ST_DTYPES = {torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64",
+              torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64",
+              torch.bool: "BOOL"}
+
+
+def read_header(path) -> dict:
+    """{tensor name: (shape tuple, safetensors dtype name)} from the file's header alone (no tensor is read);
+    ValueError when it is not a readable safetensors file."""
+    from safetensors import SafetensorError, safe_open
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
+    except SafetensorError as e:
+        raise ValueError(f"{path}: not a readable safetensors file (truncated or corrupt?): {e}") from None
+
+
 def load_quantized(path, base_model):
     """Load a file written by `save_quantized` into base_model (an unquantised model of the same config).
 
     Refuses (ValueError, naming what differs) a file that is not readable safetensors, of another
     format_version, whose architecture, layers, experts, top-k, widths or vocabulary differ from
-    base_model's, whose tensor names or shapes differ from what the recorded scheme makes of base_model, or
-    a tensor whose bytes fail its sha256; and a base_model that is already quantised. Returns (model, Scheme).
+    base_model's, whose tensor names, shapes or dtypes (read from the header, before any tensor) differ from
+    what the recorded scheme makes of base_model, or a tensor whose bytes fail its sha256; and a base_model
+    that is already quantised. A refused load leaves base_model as it was (its modules are put back).
+    Returns (model, Scheme); the model is base_model, converted in place.
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
     if not Path(path).is_file():
         raise FileNotFoundError(f"quantised checkpoint {path} does not exist")
     check_unquantised("base_model", base_model)
@@ -113,28 +131,46 @@ def load_quantized(path, base_model):
         if stored.get(k) != ours[k]:
             raise ValueError(f"{path}: holds a model with {k} = {stored.get(k)!r}, base_model has {k} = {ours[k]!r}")
     sums = _json_field(path, meta, "sha256")
-    sch = Scheme(**_json_field(path, meta, "scheme"))
     try:
-        state = load_file(str(path), device="cpu")
-    except SafetensorError as e:
-        raise ValueError(f"{path}: not a readable safetensors file (truncated or corrupt?): {e}") from None
-    for k, v in state.items():
-        got = tensor_sha256(v)
-        if sums.get(k) != got:
-            raise ValueError(f"{path}: tensor {k} fails its sha256 check (stored {str(sums.get(k))[:16]}, "
-                             f"read {got[:16]}): the file is corrupt")
-    # Build the quantised module structure (round-to-nearest placeholders of the right shapes), then overwrite.
-    model, _ = quantize_model(base_model, "rtn", sch.targets, sch.act, lm_head=sch.lm_head, progress=False)
+        sch = Scheme(**_json_field(path, meta, "scheme"))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: metadata field 'scheme' is not a scheme ({e}): the file is corrupt") from None
+    header = read_header(path)
+    if set(header) != set(sums):
+        raise ValueError(f"{path}: the header's tensors differ from the metadata's sha256 list: unlisted "
+                         f"{sorted(set(header) - set(sums))[:5]}, absent {sorted(set(sums) - set(header))[:5]}")
+    # The quantised module structure (round-to-nearest placeholders of the right shapes) is built in place; a
+    # refusal from here on puts every replaced module back.
+    with restored_on_failure(base_model):
+        model, _ = quantize_model(base_model, "rtn", sch.targets, sch.act, lm_head=sch.lm_head, progress=False)
+        _load_checked(path, model, header, sums, sch)
     model.int4_scheme = sch
+    return model, sch
+
+
+def _load_checked(path, model, header: dict, sums: dict, sch: Scheme) -> None:
+    """Names, shapes and dtypes from the header against model's state (before any tensor is read), then each
+    tensor read and checked against its sha256, then loaded (strict)."""
+    from safetensors import SafetensorError, safe_open
     want = model.state_dict()
-    missing = sorted(set(want) - set(state))
-    extra = sorted(set(state) - set(want))
+    missing, extra = sorted(set(want) - set(header)), sorted(set(header) - set(want))
     if missing or extra:
         raise ValueError(f"{path}: tensor names do not match the scheme {sch.name}: "
                          f"missing {missing[:5]}, unexpected {extra[:5]}")
-    for k, v in state.items():
-        if tuple(v.shape) != tuple(want[k].shape) or v.dtype != want[k].dtype:
-            raise ValueError(f"{path}: tensor {k} has shape {tuple(v.shape)} {v.dtype}, the model expects "
-                             f"{tuple(want[k].shape)} {want[k].dtype}")
+    for k, (shape, dt) in header.items():
+        if shape != tuple(want[k].shape) or dt != _ST_DTYPES.get(want[k].dtype):
+            raise ValueError(f"{path}: tensor {k} is declared {shape} {dt}, the model expects "
+                             f"{tuple(want[k].shape)} {_ST_DTYPES.get(want[k].dtype)}")
+    state = {}
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            for k in header:
+                v = f.get_tensor(k)
+                got = tensor_sha256(v)
+                if sums[k] != got:
+                    raise ValueError(f"{path}: tensor {k} fails its sha256 check (stored {str(sums[k])[:16]}, "
+                                     f"read {got[:16]}): the file is corrupt")
+                state[k] = v
+    except SafetensorError as e:
+        raise ValueError(f"{path}: not a readable safetensors file (truncated or corrupt?): {e}") from None
     model.load_state_dict(state, strict=True)
-    return model, sch

@@ -31,7 +31,7 @@ from .hessian import attn_key, expert_key, hessian_hooks
 from .layout import (ATTN_PROJ, LAYOUT, Scheme, attention, decoder_layers, experts_of, input_device, model_arch,
                      moe_block)
 from .dither import DitherStream, dither_noise
-from .modules import Int4Experts, Int4Linear, check_experts_k
+from .modules import Int4Experts, Int4Linear, check_experts_k, restored_on_failure
 
 
 @dataclass
@@ -154,21 +154,26 @@ def quantize_model(model, scheme: str = "rtn", targets: str = "experts", act: st
         if lo < 0 or hi >= vocab:
             raise ValueError(f"calib_ids must lie in [0, vocab_size) = [0, {vocab}), got values in [{lo}, {hi}] "
                              f"(tokenised with another tokenizer?)")
+        n_pos = getattr(model.config, "max_position_embeddings", None)
+        if isinstance(n_pos, int) and calib_ids.shape[1] > n_pos:
+            raise ValueError(f"calib_ids must hold sequences of at most max_position_embeddings = {n_pos} tokens "
+                             f"(the positions the model has), got length {calib_ids.shape[1]}")
     elif calib_ids is not None:
         raise ValueError("calib_ids is only used by scheme='gptq'; pass None for round-to-nearest")
     rep = QuantReport(arch=arch, scheme=sch, min_rows=min_rows or 0, damp=damp if scheme == "gptq" else 0.0,
                       calib_tokens=0 if calib_ids is None else calib_ids.numel(), dither=float(dither),
                       dither_seed=dither_seed if dither else None)
     layers = decoder_layers(model)
-    if scheme == "rtn":
-        pack = _stream_pack(DitherStream(dither_seed, dither)) if dither else pack_int4_b32
-        for li, layer in enumerate(_progress(layers, progress, "rtn pack")):
-            _quantize_layer_rtn(layer, arch, sch, rep, pack, li)
-    else:
-        _quantize_gptq(model, layers, arch, sch, rep, calib_ids, min_rows, damp, blocksize, batch_size, progress)
-    if lm_head:
-        model.lm_head = Int4Linear.from_linear(model.lm_head, act)
-        rep.lm_head = True
+    with restored_on_failure(model):               # a failure half-way leaves the float model, not a mix
+        if scheme == "rtn":
+            pack = _stream_pack(DitherStream(dither_seed, dither)) if dither else pack_int4_b32
+            for li, layer in enumerate(_progress(layers, progress, "rtn pack")):
+                _quantize_layer_rtn(layer, arch, sch, rep, pack, li)
+        else:
+            _quantize_gptq(model, layers, arch, sch, rep, calib_ids, min_rows, damp, blocksize, batch_size, progress)
+        if lm_head:
+            model.lm_head = Int4Linear.from_linear(model.lm_head, act)
+            rep.lm_head = True
     rep.layers = len(layers)
     model.int4_scheme = sch
     return model, rep

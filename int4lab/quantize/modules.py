@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .._checks import check_ids
 from ..format import BLOCK, dequant_int4_ref, pack_int4_b32, quant_x_rows_ref
 from .layout import ACTS
 from .prefill import PREFILL_MIN_ROWS, prefill_experts, prefill_linear
@@ -186,6 +187,12 @@ class Int4Experts(_Int4Module):
         return cls(tuple(t.to(dev) for t in gate_up), tuple(t.to(dev) for t in down), experts.act_fn, act)
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
+        # Expert ids outside [0, E), one rule on every path: refused (ValueError) where the ids are on the host
+        # and the check costs nothing; on a GPU or inside a torch.compile trace, where reading them back would stall
+        # the queue or break the capture / trace, the token's row comes out NaN (the kernels' guard; the reference
+        # path below does the same).
+        if not top_k_index.is_cuda and not torch.compiler.is_compiling():
+            check_ids("top_k_index", top_k_index, self.num_experts)
         if self.prefill_min_rows is not None and self._kernels_for(hidden_states) and \
                 top_k_index.numel() >= self.prefill_min_rows * self.num_experts:
             return prefill_experts(self, hidden_states, top_k_index, top_k_weights)   # quantize/prefill.py
@@ -197,7 +204,7 @@ class Int4Experts(_Int4Module):
         # Sort the (token, slot) pairs by expert: each expert reads one contiguous slice, and the results
         # go back by one inverse permutation (no scatter-add, which is slow on the CPU).
         flat = top_k_index.reshape(-1)
-        valid = (flat >= 0) & (flat < E)                            # HF pads with E under expert parallelism
+        valid = (flat >= 0) & (flat < E)                            # all true on the host (checked above)
         order = torch.argsort(torch.where(valid, flat, E), stable=True)
         counts = torch.bincount(torch.where(valid, flat, E), minlength=E + 1).tolist()
         x = hidden_states.index_select(0, order // k)              # [R*k, H], grouped by expert
@@ -219,7 +226,7 @@ class Int4Experts(_Int4Module):
         inv = torch.empty_like(order)
         inv[order] = torch.arange(order.numel(), device=order.device)
         y = ys.index_select(0, inv)                                 # back to (token, slot) order
-        w = torch.where(valid, top_k_weights.reshape(-1).to(y.dtype), 0).view(R, k, 1)
+        w = torch.where(valid, top_k_weights.reshape(-1).to(y.dtype), torch.nan).view(R, k, 1)   # NaN row
         out = (y.view(R, k, -1) * w).sum(1)
         # the block's output is bf16, as moe_decode_step's combine emits it, whatever the model's dtype
         return out.to(torch.bfloat16).to(hidden_states.dtype)
@@ -238,3 +245,19 @@ class Int4Experts(_Int4Module):
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, hidden={self.hidden_dim}, intermediate={self.intermediate_dim}, "
                 f"act={self.act}, int4-b32")
+
+
+@contextlib.contextmanager
+def restored_on_failure(model):
+    """On an exception inside the block (KeyboardInterrupt included), put back every submodule the modules of
+    `model` held when it began and drop an int4_scheme set inside: a failed or refused conversion (quantize_model,
+    load_quantized) leaves the model as it was. The replaced float modules are never modified, only unhooked."""
+    saved = [(m, dict(m._modules)) for m in model.modules()]
+    try:
+        yield model
+    except BaseException:
+        for m, mods in saved:
+            m._modules.clear()
+            m._modules.update(mods)
+        model.__dict__.pop("int4_scheme", None)
+        raise

@@ -48,7 +48,9 @@ def prefill_experts(mod, hidden_states, top_k_index, top_k_weights, grouped: boo
     from ..kernels.prefill import prefill_moe
     y = prefill_moe(hidden_states, top_k_index, top_k_weights, mod.gate_up_packed, mod.gate_up_scales,
                     mod.down_packed, mod.down_scales, mod.act, None if mod.swiglu else mod.act_fn, grouped)
-    return y.to(hidden_states.dtype)
+    # an id outside [0, E) makes its token's row NaN, as the decode kernels' guard does (no read-back)
+    bad = ((top_k_index < 0) | (top_k_index >= mod.num_experts)).any(-1, keepdim=True)
+    return torch.where(bad, torch.nan, y).to(hidden_states.dtype)
 
 
 @contextlib.contextmanager

@@ -168,16 +168,23 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="receipt to write (the parent run); omitted in a child process")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    keys = [parse_spec(s) for s in args.spec]
-    if args.rounds < ROUNDS_MIN:
-        raise ValueError(f"--rounds must be >= {ROUNDS_MIN} (a 95 % interval for the median), got {args.rounds}")
-    if args.processes < 1 or args.replays < 20:
-        raise ValueError(f"--processes must be >= 1 and --replays >= 20, got {args.processes}, {args.replays}")
+    try:                                                   # every refusal before any process starts
+        keys = [parse_spec(s) for s in args.spec]
+        if args.rounds < ROUNDS_MIN:
+            raise ValueError(f"--rounds must be >= {ROUNDS_MIN} (a 95 % interval for the median), got {args.rounds}")
+        if args.processes < 1 or args.replays < 20:
+            raise ValueError(f"--processes must be >= 1 and --replays >= 20, got {args.processes}, {args.replays}")
+        if not args.child and args.out is None:
+            raise ValueError("--out is required")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.child:
         print(json.dumps([measure(k, args.rounds, args.replays) for k in keys]))
         return 0
-    if args.out is None:
-        raise ValueError("--out is required")
+    from int4lab.files import cli_out_ok
+    if not cli_out_ok(args.out):
+        return 2
     import torch
     if not torch.cuda.is_available():
         print("lab.bench.decide: timing needs a CUDA device", file=sys.stderr)

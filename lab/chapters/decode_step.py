@@ -32,7 +32,11 @@ def load(quick: bool) -> tuple[dict, Path, bool]:
     """(receipt, its path, stand-in?): the committed GPU receipt when there is one, else a CPU run at tiny width."""
     found = receipts()
     if found:
-        return json.loads(found[0].read_text()), found[0], False
+        rec = json.loads(found[0].read_text())
+        if rec.get("complete") is False:
+            raise ValueError(f"{found[0]} holds a run that did not finish ({rec.get('interrupted', 'no reason')}): "
+                             f"rerun python -m lab.decode_step, or move the receipt out of data/receipts/")
+        return rec, found[0], False
     from lab.decode_step import cli
     out = Path(tempfile.mkdtemp(prefix="decode_step_")) / "decode_step_cpu.json"
     # eager runs only (a CPU has no graphs); four layers against one, so the slope is several layers of CPU time

@@ -15,6 +15,7 @@ lottery[base] {tickets, texts[t] {cis, values, band {lo, hi, q}}}; calibration[s
 from __future__ import annotations
 
 from int4lab.gate import calibration_judgement, rounding_band, verdict
+from int4lab.gate.table import fallback_note
 from lab.paths import RECEIPTS
 from lab.provenance import read_receipt
 
@@ -111,6 +112,7 @@ def draw_rows(receipts: dict, scheme: str = GPTQ) -> list[dict]:
                 rows.append({"model": a, "draw": name, "text": t, "vs source": s["rel"]["value"],
                              "vs source lo": s["rel"]["lo"], "vs source hi": s["rel"]["hi"],
                              "Δ vs source [CI]": pct(s["rel"]), "verdict": arm["verdict"]["verdict"],
+                             "RTN fallback": fallback_note(arm).strip(" ()") or "none",
                              "KL": s["kl"]["value"], "KL [CI]": kl(s["kl"]),
                              "RTN KL": r["arms"][c["twin"]]["texts"][t]["kl"]["value"],
                              "GPTQ − RTN": d["value"], "lo": d["lo"], "hi": d["hi"], "GPTQ − RTN [CI]": pct(d),

@@ -6,12 +6,17 @@ within one the rows and parts of other runs), so a long run can be split across 
     python -m lab.decode_step --runs eager graphed --out R.json           # everything but the compiles
     python -m lab.decode_step --runs compiled --parts times --out R.json  # then the compiled rows
 (--prior names the earlier receipt when it lies elsewhere than --out.)
+
+The receipt says whether this call finished: top-level "complete" is false while it runs (the receipt is
+rewritten after every part) and when it stopped early, with "interrupted" naming why (Ctrl-C, an error); the
+report refuses such a receipt for the published pages.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import signal
 import sys
 import time
 from pathlib import Path
@@ -99,32 +104,32 @@ def _check(args) -> None:
         raise ValueError(f"--budget-s must be a positive finite number of seconds, got {args.budget_s}")
     if not (math.isfinite(args.compile_reserve_s) and args.compile_reserve_s >= 0):
         raise ValueError(f"--compile-reserve-s must be a finite number >= 0, got {args.compile_reserve_s}")
-    if args.prior is not None and not Path(args.prior).is_file():
-        raise ValueError(f"--prior {args.prior!r} is not an existing receipt file (leave it out to continue "
-                         "from --out)")
 
 
-def _read_prior(src: Path, flag: str) -> dict:
-    """The earlier receipt at src ({} when absent); ValueError naming flag when it is not a decode_step receipt."""
-    if not src.exists():
+def _prior(path, flag) -> dict:
+    """The earlier receipt this call continues from ({} when there is none); ValueError naming it when unusable."""
+    if not path.exists():
+        if flag == "--prior":
+            raise ValueError(f"--prior {str(path)!r} does not exist")
         return {}
     try:
-        rec = json.loads(src.read_text())
+        before = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{flag} {str(src)!r} is not a readable JSON receipt: {e}") from None
-    if not isinstance(rec, dict) or rec.get("kind", "decode_step") != "decode_step" or \
-            not isinstance(rec.get("archs", {}), dict):
-        raise ValueError(f"{flag} {str(src)!r} is not a decode_step receipt (kind {rec.get('kind')!r})"
-                         if isinstance(rec, dict) else f"{flag} {str(src)!r} is not a decode_step receipt")
-    return rec
+        raise ValueError(f"{flag} {str(path)!r} is not a readable JSON receipt ({e}); it is continued from") from None
+    if not isinstance(before, dict) or before.get("kind") != "decode_step":
+        raise ValueError(f"{flag} {str(path)!r} is not a decode_step receipt (no kind 'decode_step')")
+    return before
 
 
 def main(argv=None) -> int:
+    from int4lab.files import check_out_path
     args = parser().parse_args(argv)
     out = Path(args.out) if args.out else ROOT / "runs" / f"decode_step_{card()}.json"
-    try:
+    src = Path(args.prior) if args.prior else out
+    try:                                         # before anything is measured
         _check(args)
-        before = _read_prior(Path(args.prior) if args.prior else out, "--prior" if args.prior else "--out")
+        check_out_path(out)
+        before = _prior(src, "--prior" if args.prior else "--out")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -135,9 +140,11 @@ def main(argv=None) -> int:
     import transformers
     command = portable_command(" ".join(["python -m lab.decode_step"] + (argv if argv is not None else sys.argv[1:])))
 
+    state = {"complete": False}             # until the last architecture is done; a stop records why
+
     def save():
         this = {"command": command, "settings": {k: v for k, v in vars(args).items() if k not in ("out", "prior")},
-                "seconds": time.time() - t0}
+                "seconds": time.time() - t0, **state}
         write_receipt(out, {"kind": "decode_step", "card": card(), "transformers": transformers.__version__,
                             **this, "calls": before.get("calls", []) + [this], "archs": archs}, command=command)
 
@@ -145,18 +152,33 @@ def main(argv=None) -> int:
         print(f"[{time.time() - t0:6.1f} s] {msg}", flush=True)
 
     ok = True
-    todo = [a for a in ORDER if a in args.arch]
-    for n, arch in enumerate(todo):
-        # an even share of what is left: an architecture that finishes early leaves its time to the next ones
-        share = time.time() + (deadline - time.time()) / (len(todo) - n)
-        r = bench.Run(arch, args, save, log, share, prior=prior.get(arch))
-        archs[arch] = r.rec
-        r.run()
+    old_handler = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))    # `timeout` stops with SIGTERM
+    try:
+        todo = [a for a in ORDER if a in args.arch]
+        for n, arch in enumerate(todo):
+            # an even share of what is left: an architecture that finishes early leaves its time to the next ones
+            share = time.time() + (deadline - time.time()) / (len(todo) - n)
+            r = bench.Run(arch, args, save, log, share, prior=prior.get(arch))
+            archs[arch] = r.rec
+            r.run()
+            save()
+            g = r.rec.get("greedy") or {}
+            ok &= g.get("equal") is not False
+            log(f"{arch} summary: {json.dumps(r.rec.get('summary', {}), indent=None)[:2000]}")
+            del r
+            bench._free()
+    except BaseException as e:               # Ctrl-C, a timeout's SIGTERM, an error: the receipt says it stopped
+        state["interrupted"] = f"{type(e).__name__}: {e}"[:500]
         save()
-        g = r.rec.get("greedy") or {}
-        ok &= g.get("equal") is not False
-        log(f"{arch} summary: {json.dumps(r.rec.get('summary', {}), indent=None)[:2000]}")
-        del r
-        bench._free()
+        log(f"stopped ({state['interrupted']}); partial receipt: {out}")
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, old_handler)
+    # an earlier call's architectures that it left unfinished and this call did not run again stay partial
+    left = sorted({a for c in before.get("calls", []) if c.get("complete") is False
+                   for a in (c.get("settings") or {}).get("arch", []) if a not in args.arch})
+    state.update({"complete": True} if not left else
+                 {"interrupted": f"an earlier call stopped before finishing {left}: run them again"})
+    save()
     log(f"receipt: {out}")
     return 0 if ok else 1

@@ -25,7 +25,7 @@ from lab.bench.shapes import MODELS  # noqa: F401
 from lab.paths import RECEIPTS  # noqa: F401
 
 from .decode import (  # noqa: F401
-    ANCHORS, START, END, LLAMA, GEMV_PEERS, MOE_PEERS, load, partial_settings, refuse_partial,
+    ANCHORS, START, END, LLAMA, GEMV_PEERS, MOE_PEERS, load, read, reading, partial_settings, refuse_partial,
     parse_ggml, anchor_rows, same_card, llama_gemv_us, llama_moe_us, gemv_shapes, gemv_table, moe_keys,
     best_impl_moe, best_ours_moe, moe_tile, moe_table, gemv_summary, moe_series, CARDS, card)
 from .targets import (  # noqa: F401
@@ -36,11 +36,11 @@ from .figures import (  # noqa: F401
     GEMV_COLORS, MOE_COLORS, GEMV_LABELS, floor_fixed_share, plot_time_over_floor, plot_moe,
     plot_moe_tokens)
 from .pages import (  # noqa: F401
-    rewrite_readme, RESULTS_START, RESULTS_END, train_table, gate_table, pack_table, REALSCALE_START,
+    replace_block, rewrite_readme, RESULTS_START, RESULTS_END, train_table, gate_table, pack_table, REALSCALE_START,
     REALSCALE_END, realscale_table, DECODE_STEP_START, DECODE_STEP_END, decode_step_table,
     render_results, TARGETS_START, TARGETS_END, MISSES_START, MISSES_END, LAYOUT_START, LAYOUT_END,
     misses_block)
 from .layout import (  # noqa: F401
     LAYOUT, tracked_files, folder_sizes, layout_block)
 from .cli import (  # noqa: F401
-    main)
+    Pages, plan, main)

@@ -2,6 +2,8 @@
 floors and peers, and the series the figures draw. Shape legend as in lab.report."""
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import sys
 from pathlib import Path
@@ -20,10 +22,36 @@ GEMV_PEERS = ("w4a16_cutlass", "bf16", "tinygemm", "gemlite")
 MOE_PEERS = ("bf16_loop", "grouped_mm")
 
 
+@contextlib.contextmanager
+def reading(path):
+    """Errors met while reading or tabulating the receipt (or page) at `path` become one ValueError naming it:
+    truncated JSON, an unreadable file, a missing field, never a bare KeyError from deep inside a table."""
+    try:
+        yield
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON (truncated or corrupt?): {e}") from None
+    except (KeyError, TypeError, IndexError, AttributeError) as e:
+        raise ValueError(f"{path}: not a usable receipt (missing or malformed field: {type(e).__name__} {e})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot be read ({e})") from None
+
+
+def read(path) -> dict:
+    """read_receipt, its errors naming the file (`reading`); a receipt is a JSON object."""
+    with reading(path):
+        rec = read_receipt(path)
+    if not isinstance(rec, dict):
+        raise ValueError(f"{path}: not a receipt (a JSON {type(rec).__name__}, not an object)")
+    return rec
+
+
 def load(path=DEFAULT_OUT) -> dict:
-    """Read and validate a decode receipt."""
-    rec = read_receipt(path)
-    validate_receipt(rec)
+    """Read and validate a decode receipt (ValueError naming the file when it is not one)."""
+    rec = read(path)
+    try:
+        validate_receipt(rec)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     return rec
 
 
@@ -35,6 +63,9 @@ def partial_settings(rec: dict) -> list[str]:
     why = []
     method, settings = rec.get("method") or {}, rec.get("settings") or {}
     command = str((rec.get("provenance") or {}).get("command", ""))
+    if rec.get("complete") is False:                     # a run that stopped, or one still writing
+        why.append("complete is false (" + (f"interrupted: {rec['interrupted']}" if rec.get("interrupted") else
+                                            "the run had not finished when it was written") + ")")
     if method.get("complete") is False:
         why.append("method.complete is false (the harness stopped before its schedule was done)")
     if method.get("quick"):
@@ -86,7 +117,8 @@ def anchor_rows(directory=ANCHORS) -> list[dict]:
         return []
     rows = []
     for f in files:
-        rows += parse_ggml(f.read_text(), source=f.name)
+        with reading(f):
+            rows += parse_ggml(f.read_text(), source=f.name)
     return rows
 
 

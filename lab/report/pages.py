@@ -8,20 +8,25 @@ from int4lab.files import write_text_atomic
 
 from lab.bench.schema import DEFAULT_OUT
 from lab.paths import RECEIPTS
-from lab.provenance import portable_command, read_receipt
-from .decode import END, START, _f, _line, refuse_partial
+from lab.provenance import portable_command
+from .decode import END, START, _f, _line, read, reading, refuse_partial
 from .targets import misses_table, targets
+
+
+def replace_block(text: str, block: str, start: str, end: str, name) -> str:
+    """`text` with what lies between the `start` and `end` markers replaced by `block`; ValueError naming the page
+    `name` when the markers are not there in that order."""
+    if start not in text or end not in text or text.index(start) > text.index(end):
+        raise ValueError(f"{name} must contain {start} followed by {end}")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{block}\n{end}{tail}"
 
 
 def rewrite_readme(readme, block: str, start: str = START, end: str = END) -> Path:
     """Replace the text between the `start` and `end` markers in `readme` with `block`."""
     readme = Path(readme)
-    text = readme.read_text()
-    if start not in text or end not in text or text.index(start) > text.index(end):
-        raise ValueError(f"{readme} must contain {start} followed by {end}")
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    write_text_atomic(readme, f"{head}{start}\n{block}\n{end}{tail}")
+    write_text_atomic(readme, replace_block(readme.read_text(), block, start, end, readme))
     return readme
 
 
@@ -40,11 +45,12 @@ def train_table(receipts=RECEIPTS) -> str:
     lines = ["| model | params | steps | val ppl | unigram val ppl | test ppl | ood ppl | trained on |",
              "|---|---|---|---|---|---|---|---|"]
     for path in sorted(Path(receipts).glob("train_*.json")):
-        r = read_receipt(path)
-        ev = r["eval"]
-        lines.append(_line([r["arch"], f"{r['params'] / 1e6:.2f} M", r["training"]["steps"],
-                            _f(ev["validation"]["ppl"]), _f(ev["validation"]["unigram_ppl"]), _f(ev["test"]["ppl"]),
-                            _f(ev["ood"]["ppl"]), _prov(r)]))
+        with reading(path):
+            r = read(path)
+            ev = r["eval"]
+            lines.append(_line([r["arch"], f"{r['params'] / 1e6:.2f} M", r["training"]["steps"],
+                                _f(ev["validation"]["ppl"]), _f(ev["validation"]["unigram_ppl"]), _f(ev["test"]["ppl"]),
+                                _f(ev["ood"]["ppl"]), _prov(r)]))
     return "\n".join(lines)
 
 
@@ -53,18 +59,20 @@ def gate_table(receipts=RECEIPTS) -> str:
     A receipt made with partial settings (partial_settings) is refused (ValueError), never tabulated."""
     from int4lab.gate.table import render_gate_table
     for path in sorted(Path(receipts).glob("gate_*.json")):
-        refuse_partial(read_receipt(path), path)
-    return render_gate_table(receipts)
+        refuse_partial(read(path), path)
+    with reading(Path(receipts) / "gate_*.json"):
+        return render_gate_table(receipts)
 
 
 def pack_table(receipts=RECEIPTS) -> str:
     """Pack time per layer: round-to-nearest and GPTQ, median wall seconds."""
     lines = ["| device | N×K | impl | seconds (median) |", "|---|---|---|---|"]
     for path in sorted(Path(receipts).glob("gptq_pack_*.json")):
-        r = read_receipt(path)
-        for row in r["rows"]:
-            lines.append(_line([r["provenance"]["device"], f"{row['N']}×{row['K']}", row["impl"],
-                                f"{row['seconds']:.3g}"]))
+        with reading(path):
+            r = read(path)
+            for row in r["rows"]:
+                lines.append(_line([r["provenance"]["device"], f"{row['N']}×{row['K']}", row["impl"],
+                                    f"{row['seconds']:.3g}"]))
     return "\n".join(lines)
 
 
@@ -80,7 +88,7 @@ def _s(x) -> str:
 
 
 def _receipts(pattern: str, receipts=RECEIPTS) -> list[tuple[Path, dict]]:
-    return [(p, read_receipt(p)) for p in sorted(Path(receipts).glob(pattern))]
+    return [(p, read(p)) for p in sorted(Path(receipts).glob(pattern))]
 
 
 def _not_yet(name: str, module: str, stage: str) -> str:
@@ -98,55 +106,60 @@ def realscale_table(receipts=RECEIPTS) -> str:
         return _not_yet("realscale_gate_<arch>_<card>.json", "lab.realscale_gate", "gate")
     out = []
     for path, r in found:
-        lines = [f"`data/receipts/{path.name}` ({_prov(r)}; "
-                 f"`{portable_command(r['provenance'].get('command'))}`):", "",
-                 "| model | layers | gate | build arms (by kind, s) | score | inside forwards | gate / forwards | GPU peak | "
-                 "host peak | arms in groups | verdicts |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for arch, a in sorted(r.get("archs", {}).items()):
-            for L, d in sorted(a.get("depths", {}).items(), key=lambda kv: int(kv[0])):
-                g = d.get("gate")
-                if not g:
-                    lines.append(_line([arch, L, "error" if d.get("error") else "skipped"] + ["–"] * 8))
+        with reading(path):
+            why = r.get("interrupted") or "no reason recorded"     # a run that stopped early says so first
+            lines = [("" if r.get("complete") is not False else
+                      f"**Partial run: `{path.name}` stopped before every depth ran** ({why}); the rows below are "
+                      "the depths that finished.\n\n") + f"`data/receipts/{path.name}` ({_prov(r)}; "
+                     f"`{portable_command(r['provenance'].get('command'))}`):", "",
+                     "| model | layers | gate | build arms (by kind, s) | score | inside forwards | gate / forwards | GPU peak | "
+                     "host peak | arms in groups | verdicts |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+            for arch, a in sorted(r.get("archs", {}).items()):
+                for L, d in sorted(a.get("depths", {}).items(), key=lambda kv: int(kv[0])):
+                    g = d.get("gate")
+                    if not g:
+                        lines.append(_line([arch, L, "error" if d.get("error") else "skipped"] + ["–"] * 8))
+                        continue
+                    tm = g["timing"]
+                    fw = tm["forward_s"] + tm.get("calibration_forward_s", 0.0)
+                    v = list(g["verdicts"].values())
+                    verdicts = ", ".join(f"{v.count(k)} {k}" for k in ("PASS", "FAIL", "UNDECIDED") if v.count(k))
+                    bk = g.get("build_s_by_kind") or {}
+                    build = _s(tm["build_s"]) + (" (" + ", ".join(f"{k} {v:.3g}" for k, v in sorted(bk.items())) + ")"
+                                                 if bk else "")
+                    lines.append(_line([arch, f"{L} of {a['full_layers']}", _s(g["s"]), build,
+                                        _s(tm["score_s"]), _s(fw), f"{g['s'] / fw:.1f}", _gb(g["gpu_peak_bytes"]),
+                                        _gb(g["host_peak_bytes"]), " + ".join(map(str, g["groups"])), verdicts]))
+                ex = a.get("extrapolation") or {}
+                if not ex:
                     continue
-                tm = g["timing"]
-                fw = tm["forward_s"] + tm.get("calibration_forward_s", 0.0)
-                v = list(g["verdicts"].values())
-                verdicts = ", ".join(f"{v.count(k)} {k}" for k in ("PASS", "FAIL", "UNDECIDED") if v.count(k))
-                bk = g.get("build_s_by_kind") or {}
-                build = _s(tm["build_s"]) + (" (" + ", ".join(f"{k} {v:.3g}" for k, v in sorted(bk.items())) + ")"
-                                             if bk else "")
-                lines.append(_line([arch, f"{L} of {a['full_layers']}", _s(g["s"]), build,
-                                    _s(tm["score_s"]), _s(fw), f"{g['s'] / fw:.1f}", _gb(g["gpu_peak_bytes"]),
-                                    _gb(g["host_peak_bytes"]), " + ".join(map(str, g["groups"])), verdicts]))
-            ex = a.get("extrapolation") or {}
-            if not ex:
-                continue
-            t, mem = ex["targets"], ex.get("memory") or {}
-            gof = t["gate_over_forwards"]
-            lines.append(_line([arch, f"**{ex['full_layers']} (fitted)**",
-                                f"**{_s(t['gate_s']['value'])}** (target ≤ {t['gate_s']['target']:.0f} s: "
-                                f"{'met' if t['gate_s']['met'] else 'missed'})",
-                                _s(ex["fits"]["build_s"]["full_depth"]), _s(ex["fits"]["score_s"]["full_depth"]),
-                                "–", f"**{gof['value']:.1f}** (target ≤ {gof['target']}: "
-                                f"{'met' if gof['met'] else 'missed'})", _gb(mem.get("peak_bytes")) + " predicted",
-                                _gb(ex["fits"]["host_peak_bytes"]["full_depth"]),
-                                f"{mem.get('arms_per_group')} per group, {mem.get('groups')} groups" if mem else "–",
-                                "–"]))
-            warn = [f"`{k}` ({v['warning']})" for k, v in ex["fits"].items() if v.get("warning")]
-            lines += ["", f"Fitted rows: {r['settings']['extrapolation']}; memory: {mem.get('formula', '–')}."
-                      + (f" Fits the fit itself flags: {', '.join(warn)}; a negative predicted extra time counts as 0 s."
-                         if warn else "")]
-        out.append("\n".join(lines))
+                t, mem = ex["targets"], ex.get("memory") or {}
+                gof = t["gate_over_forwards"]
+                lines.append(_line([arch, f"**{ex['full_layers']} (fitted)**",
+                                    f"**{_s(t['gate_s']['value'])}** (target ≤ {t['gate_s']['target']:.0f} s: "
+                                    f"{'met' if t['gate_s']['met'] else 'missed'})",
+                                    _s(ex["fits"]["build_s"]["full_depth"]), _s(ex["fits"]["score_s"]["full_depth"]),
+                                    "–", f"**{gof['value']:.1f}** (target ≤ {gof['target']}: "
+                                    f"{'met' if gof['met'] else 'missed'})", _gb(mem.get("peak_bytes")) + " predicted",
+                                    _gb(ex["fits"]["host_peak_bytes"]["full_depth"]),
+                                    f"{mem.get('arms_per_group')} per group, {mem.get('groups')} groups" if mem else "–",
+                                    "–"]))
+                warn = [f"`{k}` ({v['warning']})" for k, v in ex["fits"].items() if v.get("warning")]
+                lines += ["", f"Fitted rows: {r['settings']['extrapolation']}; memory: {mem.get('formula', '–')}."
+                          + (f" Fits the fit itself flags: {', '.join(warn)}; a negative predicted extra time counts as 0 s."
+                             if warn else "")]
+            out.append("\n".join(lines))
     for path in sorted(Path(receipts).glob("prefill_*.json")):
-        r = read_receipt(path)
-        st = r["settings"]
-        rows = "; ".join(f"{row['batch']}: many-row path {row['prefill_over_bf16']:.3f}×, decode path "
-                         f"{row['decode_over_bf16']:.2f}× (logits against the decode path: max relative "
-                         f"{row['logits']['prefill_vs_decode']['max_rel']:.3f})" for row in r["rows"])
-        out.append(f"Scoring throughput against bf16 (`data/receipts/{path.name}`, {_prov(r)}; "
-                   f"{st['arch']} at the published width, {st['layers']} layers, {st['targets']}, tokens/s over "
-                   f"bf16 with {st['experts_implementation']} experts): {rows}. Target ≥ "
-                   f"{r['target']['prefill_over_bf16_min']}×: {'met' if r['target']['met'] else 'missed'}.")
+        with reading(path):
+            r = read(path)
+            st = r["settings"]
+            rows = "; ".join(f"{row['batch']}: many-row path {row['prefill_over_bf16']:.3f}×, decode path "
+                             f"{row['decode_over_bf16']:.2f}× (logits against the decode path: max relative "
+                             f"{row['logits']['prefill_vs_decode']['max_rel']:.3f})" for row in r["rows"])
+            out.append(f"Scoring throughput against bf16 (`data/receipts/{path.name}`, {_prov(r)}; "
+                       f"{st['arch']} at the published width, {st['layers']} layers, {st['targets']}, tokens/s over "
+                       f"bf16 with {st['experts_implementation']} experts): {rows}. Target ≥ "
+                       f"{r['target']['prefill_over_bf16_min']}×: {'met' if r['target']['met'] else 'missed'}.")
     return "\n\n".join(out)
 
 
@@ -163,26 +176,28 @@ def decode_step_table(receipts=RECEIPTS) -> str:
         return _not_yet("decode_step_<card>.json", "lab.decode_step", "step")
     out = []
     for path, r in found:
-        lines = ["| model | batch, context | read floor / layer | int4 graphed | int4_fused graphed | best bf16 | "
-                 "tokens/s int4_fused / best bf16 | eager int4 / eager bf16 | eager int4_fused / eager bf16 |",
-                 "|---|---|---|---|---|---|---|---|---|"]
-        for arch, a in r.get("archs", {}).items():
-            for case, v in a.get("summary", {}).items():
-                fl = v.get("int4_floor_us")
-                ratio = lambda k: (f"{v[k]:.1f} µs ({v[k] / fl:.2f}×)" if v.get(k) and fl else _f(v.get(k)))  # noqa: E731
-                bb = v.get("best_bf16") or {}
-                lines.append(_line([
-                    arch, case.replace("B", "").replace(" C", ", "), f"{fl:.1f} µs" if fl else "–",
-                    ratio("int4_graphed_per_layer_us"), ratio("int4_fused_graphed_per_layer_us"),
-                    f"{bb['per_layer_us']:.1f} µs ({bb.get('impl')}, {bb.get('run')})" if bb else "–",
-                    _f(v.get("int4_fused_over_best_bf16_tokens_per_s"), 2) + "×",
-                    _f(v.get("int4_eager_over_default_bf16_eager"), 2) + "×",
-                    _f(v.get("int4_fused_eager_over_default_bf16_eager"), 2) + "×"]))
-        errs = {arch: sorted(a.get("errors") or {}) for arch, a in r.get("archs", {}).items() if a.get("errors")}
-        out.append("\n".join(lines) + "\n\n" + (
-            f"Parts that failed (their errors are in the receipt): {errs}. " if errs else "") +
-            "Eager columns: per layer = step(2 layers) − step(1 layer) from the run's eager samples; chapter 07 decides "
-            f"a target only beyond the samples' spread. `{path.name}`: {_prov(r)}.")
+        with reading(path):
+            refuse_partial(r, path)
+            lines = ["| model | batch, context | read floor / layer | int4 graphed | int4_fused graphed | best bf16 | "
+                     "tokens/s int4_fused / best bf16 | eager int4 / eager bf16 | eager int4_fused / eager bf16 |",
+                     "|---|---|---|---|---|---|---|---|---|"]
+            for arch, a in r.get("archs", {}).items():
+                for case, v in a.get("summary", {}).items():
+                    fl = v.get("int4_floor_us")
+                    ratio = lambda k: (f"{v[k]:.1f} µs ({v[k] / fl:.2f}×)" if v.get(k) and fl else _f(v.get(k)))  # noqa: E731
+                    bb = v.get("best_bf16") or {}
+                    lines.append(_line([
+                        arch, case.replace("B", "").replace(" C", ", "), f"{fl:.1f} µs" if fl else "–",
+                        ratio("int4_graphed_per_layer_us"), ratio("int4_fused_graphed_per_layer_us"),
+                        f"{bb['per_layer_us']:.1f} µs ({bb.get('impl')}, {bb.get('run')})" if bb else "–",
+                        _f(v.get("int4_fused_over_best_bf16_tokens_per_s"), 2) + "×",
+                        _f(v.get("int4_eager_over_default_bf16_eager"), 2) + "×",
+                        _f(v.get("int4_fused_eager_over_default_bf16_eager"), 2) + "×"]))
+            errs = {arch: sorted(a.get("errors") or {}) for arch, a in r.get("archs", {}).items() if a.get("errors")}
+            out.append("\n".join(lines) + "\n\n" + (
+                f"Parts that failed (their errors are in the receipt): {errs}. " if errs else "") +
+                "Eager columns: per layer = step(2 layers) − step(1 layer) from the run's eager samples; chapter 07 decides "
+                f"a target only beyond the samples' spread. `{path.name}`: {_prov(r)}.")
     return "\n\n".join(out)
 
 

@@ -2,7 +2,6 @@
 spread, unless paired rounds settle it) or not measured; and RESULTS.md's decode block."""
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +12,7 @@ from lab.bench.schema import DEFAULT_OUT
 from lab.bench.shapes import all_shapes
 from lab.paths import RECEIPTS
 from lab.provenance import portable_command
-from .decode import (MOE_PEERS, _f, _floor, _line, _ratio, _us, best_impl_moe, best_ours_moe, card, gemv_table,
+from .decode import (MOE_PEERS, read, _f, _floor, _line, _ratio, _us, best_impl_moe, best_ours_moe, card, gemv_table,
                      llama_gemv_us, moe_table, same_card)
 
 
@@ -87,7 +86,7 @@ def paired_ratios(rec, paths=None) -> dict:
     for path in paths:
         if not path.exists():
             continue
-        dec = json.loads(path.read_text())
+        dec = read(path)
         if card(dec) != card(rec):                 # another card's ratios neither grant nor withhold a verdict
             continue
         same = mine is not None and dec.get("provenance", {}).get("kernel_sources_sha256") == mine

@@ -24,6 +24,7 @@ from int4lab.kernels.norm import rms_norm
 from int4lab.kernels.router import router_topk
 from int4lab.kernels.plan import gemv_plan
 from int4lab.format import pack_int4_b32
+from int4lab.files import cli_out_ok, write_text_atomic
 from lab.provenance import provenance
 from lab.bench.shapes import MODELS
 
@@ -110,9 +111,10 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--small", action="store_true", help="small shapes (for compute-sanitizer)")
     args = ap.parse_args(argv)
+    if not cli_out_ok(args.out):                        # before anything runs
+        return 2
     rec = {"provenance": provenance(command="python -m lab.tune.replay_check"), **run(args.replays, args.small)}
-    with open(args.out, "w") as f:
-        json.dump(rec, f, indent=1)
+    write_text_atomic(args.out, json.dumps(rec, indent=1), "--out")
     for r in rec["rows"]:
         print(r)
     print("all_pass:", rec["all_pass"])

@@ -158,6 +158,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise SystemExit("set TRITON_INTERPRET=0: this compiles for a GPU target instead of interpreting")
+    from int4lab.files import cli_out_ok
+    if args.out and not cli_out_ok(args.out):             # before anything compiles
+        return 2
     rows = []
     todo = [(label, compile_variant, cfg) for label, *cfg in VARIANTS]
     todo += [(label, compile_grouped, cfg) for label, *cfg in GROUPED_VARIANTS]
@@ -172,9 +175,9 @@ def main(argv=None) -> int:
               f" LDG.128 {r['ldg_128']}",
               flush=True)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         import triton
-        args.out.write_text(json.dumps({"arch": args.arch, "triton": triton.__version__,
+        from int4lab.files import write_text_atomic
+        write_text_atomic(args.out, json.dumps({"arch": args.arch, "triton": triton.__version__,
                                         "command": "TRITON_INTERPRET=0 python -m lab.tune.resources",
                                         "rows": rows}, indent=1) + "\n")
     return 0
