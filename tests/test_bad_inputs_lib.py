@@ -59,7 +59,7 @@ def _calib():
     return torch.zeros(1, 16, dtype=torch.long)
 
 
-@pytest.mark.parametrize("kw,match", [({"blocksize": 33}, r"blocksize must be a positive int multiple of 32"),
+@pytest.mark.parametrize("kw,match", [({"blocksize": 33}, r"blocksize must be a positive multiple of 32"),
                                       ({"blocksize": 0}, r"blocksize must be"),
                                       ({"batch_size": 0}, r"batch_size must be a positive int"),
                                       ({"batch_size": 1.5}, r"batch_size must be a positive int")])

@@ -24,9 +24,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .._checks import check_finite, check_tensor
+from .._checks import check_finite, check_k, check_module, check_positive_int, check_tensor
 from ..format import BLOCK, block_scales, check_scale_range, pack_codes, pack_int4_b32
-from ..gptq import _check_options as _check_gptq_options
 from .hessian import attn_key, expert_key, hessian_hooks
 from .layout import (ATTN_PROJ, LAYOUT, Scheme, attention, decoder_layers, experts_of, input_device, model_arch,
                      moe_block)
@@ -103,8 +102,7 @@ def _set_experts(layer, arch, new):
 def check_unquantised(name: str, model) -> None:
     """ValueError naming `name` when `model` already holds int4-b32 modules: packing reads the float
     weights (gate_up_proj, q_proj.weight), which quantisation replaced."""
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"{name} must be a transformers MoE model (a torch.nn.Module), got {type(model).__name__}")
+    check_module(name, model)
     sch = getattr(model, "int4_scheme", None)
     if sch is not None or any(isinstance(m, (Int4Experts, Int4Linear)) for m in model.modules()):
         what = f" ({sch.name})" if sch is not None else ""
@@ -138,9 +136,8 @@ def quantize_model(model, scheme: str = "rtn", targets: str = "experts", act: st
         raise ValueError(f"min_rows must be a positive int or None (= K), got {min_rows!r}")
     if not (isinstance(damp, (int, float)) and damp > 0):
         raise ValueError(f"damp must be a positive number, got {damp!r}")
-    _check_gptq_options(damp, blocksize)                    # up front, whether or not an expert reaches GPTQ
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int (calibration sequences per forward), got {batch_size!r}")
+    check_k("blocksize", blocksize, BLOCK)              # up front, whether or not an expert reaches GPTQ
+    check_positive_int("batch_size", batch_size, " (calibration sequences per forward)")
     if not (isinstance(dither, (int, float)) and 0 <= dither <= 0.5):
         raise ValueError(f"dither must be a number in [0, 0.5] (units of the scale), got {dither!r}")
     if dither and scheme != "rtn":
