@@ -107,11 +107,11 @@ def main(argv=None) -> int:
         print(f"error: --shapes {' '.join(bad)}: N must be >= 1 and K a positive multiple of 32 (int4-b32 blocks)"
               if bad else f"error: --repeats must be an int >= 1, got {args.repeats}", file=sys.stderr)
         return 2
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda: no CUDA device here", file=sys.stderr)
+        return 2
     out = args.out or RUNS / receipt_name(args.device)
     if not args.no_write and not cli_out_ok(out):            # before anything is timed
-        return 2
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("--device cuda: no CUDA device here", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False     # GPTQ's updates in true fp32, as on the CPU
     shapes = args.shapes or DEFAULT_SHAPES[args.device]

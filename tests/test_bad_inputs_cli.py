@@ -89,6 +89,8 @@ CASES = [
     ("bench_pack", ["--shapes", "0x64", "--no-write"], r"--shapes 0x64: N must be >= 1"),
     ("bench_pack", ["--shapes", "64x33", "--no-write"], r"--shapes 64x33: .*multiple of 32"),
     ("bench_pack", ["--shapes", "64x64", "--repeats", "0", "--no-write"], r"--repeats must be an int >= 1"),
+    *([("bench_pack", ["--device", "cuda", "--no-write"], r"--device cuda: no CUDA device here")]
+      if not torch.cuda.is_available() else []),
     # prefill_bench
     ("prefill", ["--arch", "olmoe", "--width", "tiny", "--layers", "0", "--out", "{tmp}/p.json"],
      r"--layers must be an int in \[1, 16\]"),
@@ -133,6 +135,13 @@ def test_gate_refuses_unknown_lmeval_task_before_any_work(trip, capsys):
     assert gate_cli.main(G + ["--tasks", "no_such_task_xyz"]) == 2
     assert "--tasks: ['no_such_task_xyz'] are not lm-eval tasks" in capsys.readouterr().err
     lmeval.check_tasks(["int4lab_test", "int4lab_ood"])            # the local tasks need no index
+
+
+def test_llamacpp_without_its_binding_says_so_before_any_work(trip, tmp_path, capsys, monkeypatch):
+    from lab import llamacpp
+    monkeypatch.setattr(llamacpp, "have_llama_cpp", lambda: False)
+    assert llamacpp.main(["--model", "olmoe", "--out", str(tmp_path / "l.json")]) == 2
+    assert "error: llama_cpp is not installed: pip install" in capsys.readouterr().err
 
 
 def test_report_refuses_a_missing_anchors_folder(tmp_path, capsys):
