@@ -26,11 +26,12 @@ def _tripwire(*a, **k):
 @pytest.fixture
 def trip(monkeypatch):
     """Replace each CLI's expensive step by the tripwire."""
-    from lab import bench_pack, llamacpp, prefill_bench, realscale_gate, synth
+    from lab import bench_pack, llamacpp, prefill_bench, realscale, realscale_gate, synth
     from lab.bench import cli as bench_cli
     from lab.decode_step import bench as ds_bench
     from lab.tune import sweep
     for mod, attr in ((gate_cli, "run_gate"), (export, "build_model"), (realscale_gate, "measure_depth"),
+                      (realscale, "measure_arch"),
                       (bench_cli, "run"), (bench_cli, "dry_run"), (ds_bench, "Run"), (llamacpp, "judge"),
                       (bench_pack, "bench_pack"), (prefill_bench, "run"), (sweep, "sweep_dense"),
                       (synth, "AutoModelForCausalLM" if hasattr(synth, "AutoModelForCausalLM") else "_init_")):
@@ -42,7 +43,7 @@ def _main(name):
     mod = {"gate": "int4lab.gate.cli", "export": "int4lab.export", "rsg": "lab.realscale_gate",
            "decode": "lab.decode_step.cli", "llamacpp": "lab.llamacpp", "bench": "lab.bench.cli",
            "bench_pack": "lab.bench_pack", "prefill": "lab.prefill_bench", "sweep": "lab.tune.sweep",
-           "synth": "lab.synth", "notebooks": "lab.notebooks"}[name]
+           "synth": "lab.synth", "notebooks": "lab.notebooks", "realscale": "lab.realscale"}[name]
     return importlib.import_module(mod).main
 
 
@@ -69,6 +70,8 @@ CASES = [
     ("rsg", RSG + ["--layers", "1", "2", "--gate-args=--bogus 3"], r"--gate-args: not flags the gate takes"),
     ("rsg", RSG + ["--layers", "1", "2", "--device", "gpu7"], r"--device: device must be cpu or cuda"),
     ("rsg", RSG + ["--layers", "1", "2", "--device-map", "auto", "--max-memory", "x"], r"--max-memory: max_memory item 'x'"),
+    ("realscale", ["--arch", "olmoe", "--width", "tiny", "--layers", "1", "--workdir", "{tmp}/w", "--split-gpu",
+                   "lots"], r"--split-gpu must be a size with a unit"),
     # decode_step
     ("decode", DS + ["--replays", "0"], r"--replays must be an int >= 1"),
     ("decode", DS + ["--samples", "0"], r"--samples must be an int >= 1"),
