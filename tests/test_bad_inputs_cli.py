@@ -78,6 +78,8 @@ CASES = [
     ("decode", DS + ["--prior", "{tmp}/nope.json"], r"--prior '.*nope.json' does not exist"),
     ("decode", DS + ["--prior", "{garbage}"], r"--prior '.*garbage.json' is not a readable JSON receipt"),
     ("decode", DS + ["--budget-s", "-5"], r"--budget-s must be a positive finite"),
+    *([("decode", DS + ["--runs", "graphed"], r"--runs graphed needs a CUDA device")]
+      if not torch.cuda.is_available() else []),
     # llamacpp
     ("llamacpp", ["--model", "olmoe", "--threads", "0", "--out", "{tmp}/l.json"], r"--threads must be an int >= 1"),
     ("llamacpp", ["--model", "olmoe", "--window", "0", "--out", "{tmp}/l.json"], r"--window must be an int >= 2"),

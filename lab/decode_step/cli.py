@@ -102,6 +102,8 @@ def _check(args) -> None:
             raise ValueError(f"--{flag.replace('_', '-')} must be an int >= 0, got {getattr(args, flag)}")
     if not (math.isfinite(args.budget_s) and args.budget_s > 0):
         raise ValueError(f"--budget-s must be a positive finite number of seconds, got {args.budget_s}")
+    if set(args.runs) == {"graphed"} and not torch.cuda.is_available():
+        raise ValueError("--runs graphed needs a CUDA device (a captured CUDA graph) and torch sees none: add eager")
     if not (math.isfinite(args.compile_reserve_s) and args.compile_reserve_s >= 0):
         raise ValueError(f"--compile-reserve-s must be a finite number >= 0, got {args.compile_reserve_s}")
 
