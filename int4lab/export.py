@@ -12,7 +12,8 @@ transcoded by `int4lab.q4_0.int4_b32_to_q4_0` (nibble order j|j+16, the fp16 sca
 llama.cpp decodes exactly the weights `dequant_int4_ref` decodes. Everything else (embeddings, norms,
 router, lm_head) is written as the model holds it, in F32 (exact for a bf16 or fp32 model) or F16.
 
-How transformers 5 names map onto llama.cpp's (gguf-py `MODEL_TENSOR` names, per block L):
+How transformers 5 names map onto llama.cpp's (gguf-py `MODEL_TENSOR` names, per block L; each architecture's
+`int4lab.archs` record holds its mapping, llama.cpp architecture and routing flags):
 
     input_layernorm            blk.L.attn_norm          post_attention_layernorm  blk.L.ffn_norm
     self_attn.{q,k,v,o}_proj   blk.L.attn_{q,k,v,output}
@@ -20,13 +21,15 @@ How transformers 5 names map onto llama.cpp's (gguf-py `MODEL_TENSOR` names, per
     mlp.gate (router)          blk.L.ffn_gate_inp       [E, H]
     mlp.experts.gate_up_proj   blk.L.ffn_gate_exps [E, I, H] (rows 0..I-1) and blk.L.ffn_up_exps (rows I..2I-1)
     mlp.experts.down_proj      blk.L.ffn_down_exps [E, H, I]
+    mlp.shared_expert.{gate,up,down}_proj   blk.L.ffn_{gate,up,down}_shexp   (Qwen2-MoE, [S, H] / [H, S])
+    mlp.shared_expert_gate     blk.L.ffn_gate_inp_shexp [1, H]     self_attn.{q,k,v}_proj.bias  blk.L.attn_{q,k,v}.bias
 
 Mixtral goes to llama.cpp's `llama` architecture, which applies rotary embeddings to adjacent pairs (its
 "normal" rope) where transformers rotates halves; llama.cpp's converter therefore permutes the rows of q
 and k (`LlamaModel.permute`), and so do we. Permuting rows moves whole Q4_0 rows, so it stays lossless.
-OLMoE (`olmoe`) and Qwen3-MoE (`qwen3moe`) use llama.cpp's NEOX rope, the transformers layout: no permute.
-llama.cpp fixes each architecture's top-k renormalisation (llama and qwen3moe: yes, olmoe: no); a config
-that says otherwise is refused rather than silently run with other routing.
+OLMoE (`olmoe`), Qwen3-MoE (`qwen3moe`) and Qwen2-MoE (`qwen2moe`) use llama.cpp's NEOX rope, the transformers
+layout: no permute. llama.cpp fixes each architecture's top-k renormalisation (llama and qwen3moe: yes, olmoe
+and qwen2moe: no); a config that says otherwise is refused rather than silently run with other routing.
 """
 from __future__ import annotations
 
@@ -40,15 +43,10 @@ import torch
 
 from .format import BLOCK
 from .q4_0 import int4_b32_to_q4_0
-from .quantize import ATTN_PROJ, SCHEMES, TARGETS, Int4Experts, Int4Linear, decoder_layers, model_arch
+from .archs import arch_of
+from .quantize import SCHEMES, TARGETS, Int4Experts, Int4Linear, decoder_layers, model_arch
+from .quantize.layout import attention, experts_of, module_at, moe_block, shared_expert, shared_proj
 
-# our architecture -> (llama.cpp architecture, top-k weights renormalised in llama.cpp's graph, permute q/k)
-GGUF_ARCH = {
-    "mixtral": ("llama", True, True),
-    "olmoe": ("olmoe", False, False),
-    "qwen3_moe": ("qwen3moe", True, False),
-}
-GGUF_ATTN = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output"}
 FLOAT_TYPES = ("f32", "f16")
 
 
@@ -105,9 +103,21 @@ def _float(t: torch.Tensor, ftype: str) -> np.ndarray:
     return t.detach().to("cpu", dt).contiguous().numpy()
 
 
-def _check_finite(name: str, t: torch.Tensor) -> None:
+def _finite(name: str, t: torch.Tensor) -> torch.Tensor:
+    """t, or ValueError naming `name` when it holds NaN or inf."""
     if not bool(torch.isfinite(t).all()):
         raise ValueError(f"{name}: holds NaN or inf values: refusing to write it")
+    return t
+
+
+def _block_linears(model, L: int, layer) -> tuple[list, list]:
+    """Block L's Linears: (attention, shared expert) lists of (gguf base name, module, heads to permute by)."""
+    a = arch_of(model)
+    names, cfg = a.gguf.names, model.config
+    heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads} if a.gguf.permute_qk else {}
+    attn, shared = attention(layer, a), shared_expert(layer, a)
+    return ([(f"blk.{L}.{names[p]}", getattr(attn, p), heads.get(p)) for p in a.layout.attn_proj],
+            [(f"blk.{L}.{names[p]}", getattr(shared, p), None) for p in shared_proj(layer, a)])
 
 
 def gguf_tensors(model, ftype: str = "f32"):
@@ -115,65 +125,62 @@ def gguf_tensors(model, ftype: str = "f32"):
 
     A quantised module yields Q4_0 bytes (uint8 [..., N, K/32 * 18]); any other weight yields float data.
     """
-    arch = model_arch(model)
-    _, _, permute = GGUF_ARCH[arch]
-    cfg = model.config
-    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    a = arch_of(model)
+    lay, names = a.layout, a.gguf.names
 
-    def weight(name, mod, heads=None):
+    def linear(base, mod, heads=None):
+        name = f"{base}.weight"
         packs = module_packs(mod)
         if packs is not None:
             p, s = packs["weight"]
             if heads is not None:
                 p, s = permute_rows(p, heads), permute_rows(s, heads)
-            return name, q4_0_tensor(name, p, s), "Q4_0"
+            yield name, q4_0_tensor(name, p, s), "Q4_0"
+        else:
+            w = mod.weight.detach()
+            yield name, _float(_finite(name, w if heads is None else permute_rows(w, heads)), ftype), None
         if getattr(mod, "bias", None) is not None:
-            raise ValueError(f"{name}: has a bias; llama.cpp's {GGUF_ARCH[arch][0]} graph has none to load it into")
-        w = mod.weight.detach()
-        if heads is not None:
-            w = permute_rows(w, heads)
-        _check_finite(name, w)
-        return name, _float(w, ftype), None
+            if not a.gguf.qkv_bias:
+                raise ValueError(f"{name}: has a bias; llama.cpp's {a.gguf.arch} graph has none to load it into")
+            bias = mod.bias.detach() if heads is None else permute_rows(mod.bias.detach(), heads)
+            yield f"{base}.bias", _float(_finite(f"{base}.bias", bias), "f32"), None
 
     def norm(name, mod):
-        _check_finite(name, mod.weight)
-        return name, _float(mod.weight, "f32"), None
+        return name, _float(_finite(name, mod.weight), "f32"), None
 
-    m = model.model
-    yield "token_embd.weight", _float(m.embed_tokens.weight, ftype), None
+    yield f"{names['embed']}.weight", _float(module_at(model, lay.embed).weight, ftype), None
     for L, layer in enumerate(decoder_layers(model)):
         b = f"blk.{L}"
-        yield norm(f"{b}.attn_norm.weight", layer.input_layernorm)
-        attn = layer.self_attn
-        for proj in ATTN_PROJ:
-            heads = None
-            if permute and proj in ("q_proj", "k_proj"):
-                heads = nh if proj == "q_proj" else nkv
-            yield weight(f"{b}.{GGUF_ATTN[proj]}.weight", getattr(attn, proj), heads)
-        for which in ("q", "k"):
-            if hasattr(attn, f"{which}_norm"):
-                yield norm(f"{b}.attn_{which}_norm.weight", getattr(attn, f"{which}_norm"))
-        yield norm(f"{b}.ffn_norm.weight", layer.post_attention_layernorm)
-        mlp = layer.mlp
-        if not hasattr(mlp, "experts"):
+        attn, moe = attention(layer, a), moe_block(layer, a)
+        attn_lin, shared_lin = _block_linears(model, L, layer)
+        yield norm(f"{b}.{names[lay.input_norm]}.weight", getattr(layer, lay.input_norm))
+        for base, mod, heads in attn_lin:
+            yield from linear(base, mod, heads)
+        for qk in lay.qk_norms:
+            yield norm(f"{b}.{names[qk]}.weight", getattr(attn, qk))
+        yield norm(f"{b}.{names[lay.post_norm]}.weight", getattr(layer, lay.post_norm))
+        if moe is None:
             raise ValueError(f"layer {L} has a dense MLP (mlp_only_layers / decoder_sparse_step): llama.cpp's "
-                             f"{GGUF_ARCH[arch][0]} graph expects experts in every layer")
-        router = mlp.gate.weight.detach()
-        _check_finite(f"{b}.ffn_gate_inp.weight", router)
-        yield f"{b}.ffn_gate_inp.weight", _float(router, "f32"), None
-        packs = module_packs(mlp.experts)
-        if packs is not None:
-            for part in ("gate", "up", "down"):
-                name = f"{b}.ffn_{part}_exps.weight"
-                yield name, q4_0_tensor(name, *packs[part]), "Q4_0"
-        else:
-            gu, dn = mlp.experts.gate_up_proj.detach(), mlp.experts.down_proj.detach()
+                             f"{a.gguf.arch} graph expects experts in every layer")
+        yield norm(f"{b}.{names['router']}.weight", getattr(moe, lay.router))     # kept F32, as the router runs
+        ex = experts_of(layer, a)
+        packs = module_packs(ex)
+        if packs is None:
+            gu, dn = (getattr(ex, n).detach() for n in lay.fused)
             I = gu.shape[1] // 2
-            for part, w in (("gate", gu[:, :I]), ("up", gu[:, I:]), ("down", dn)):
-                _check_finite(f"{b}.ffn_{part}_exps.weight", w)
-                yield f"{b}.ffn_{part}_exps.weight", _float(w, ftype), None
-    yield norm("output_norm.weight", m.norm)
-    yield weight("output.weight", model.lm_head)
+            packs = {"gate": gu[:, :I], "up": gu[:, I:], "down": dn}
+        for part in ("gate", "up", "down"):
+            name = f"{b}.{names[part]}.weight"
+            if isinstance(packs[part], tuple):
+                yield name, q4_0_tensor(name, *packs[part]), "Q4_0"
+            else:
+                yield name, _float(_finite(name, packs[part]), ftype), None
+        for base, mod, _ in shared_lin:
+            yield from linear(base, mod)
+        if lay.shared_gate is not None:
+            yield norm(f"{b}.{names[lay.shared_gate]}.weight", getattr(moe, lay.shared_gate))
+    yield norm(f"{names['final_norm']}.weight", module_at(model, lay.final_norm))
+    yield from linear(names["lm_head"], model.lm_head)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -181,10 +188,10 @@ def gguf_tensors(model, ftype: str = "f32"):
 
 def _check_mappable(model) -> str:
     """llama.cpp architecture name for `model`, or ValueError saying what cannot be mapped."""
-    arch = model_arch(model)            # ValueError for an architecture int4lab does not handle
-    gguf_arch, renorm, _ = GGUF_ARCH[arch]
+    a = arch_of(model)                  # ValueError for an architecture int4lab does not handle
+    gguf_arch, renorm = a.gguf.arch, a.gguf.renorm
     cfg = model.config
-    ours = True if arch == "mixtral" else bool(getattr(cfg, "norm_topk_prob", False))
+    ours = a.renormalises(cfg)
     if ours != renorm:
         raise ValueError(f"config.norm_topk_prob = {ours}, but llama.cpp's {gguf_arch} graph "
                          f"{'renormalises' if renorm else 'does not renormalise'} the top-k weights: cannot map")
@@ -198,32 +205,29 @@ def _check_mappable(model) -> str:
     return gguf_arch
 
 
-def _head_dim(cfg) -> int:
-    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-
-
 def add_hparams(writer, model) -> None:
     """The {arch}.* keys llama.cpp reads for this model (names as llama.cpp's converter writes them)."""
-    from .models import expert_shapes
     cfg = model.config
-    arch = model_arch(model)
-    ex = expert_shapes(cfg)
+    a = arch_of(model)
+    ex = a.sizes(cfg)
     writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_embedding_length(ex["hidden"])
+    writer.add_block_count(ex["layers"])
     writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_key_length(_head_dim(cfg))
-    writer.add_value_length(_head_dim(cfg))
-    writer.add_rope_dimension_count(_head_dim(cfg))
+    writer.add_head_count(ex["heads"])
+    writer.add_head_count_kv(ex["kv_heads"])
+    writer.add_key_length(ex["head_dim"])
+    writer.add_value_length(ex["head_dim"])
+    writer.add_rope_dimension_count(ex["head_dim"])
     writer.add_rope_freq_base(float((cfg.rope_parameters or {}).get("rope_theta", 10000.0)))
     writer.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
     writer.add_expert_count(ex["experts"])
     writer.add_expert_used_count(ex["top_k"])
-    writer.add_vocab_size(cfg.vocab_size)
-    if arch == "qwen3_moe":
+    writer.add_vocab_size(ex["vocab"])
+    if a.gguf.expert_ff:
         writer.add_expert_feed_forward_length(ex["intermediate"])
+    if a.gguf.shared_ff:
+        writer.add_expert_shared_feed_forward_length(ex["shared_intermediate"])
 
 
 def add_tokenizer(writer, tokenizer_dir=None, add_bos: bool = True) -> None:
@@ -303,25 +307,19 @@ def write_gguf(model, path, *, name: str | None = None, ftype: str = "f32", toke
 def expected_q4_0(model) -> dict:
     """{gguf name: (packed, scales)} of every int4-b32 pack the export writes as Q4_0 (q/k permuted for llama)."""
     out = {}
-    arch = model_arch(model)
-    permute = GGUF_ARCH[arch][2]
-    cfg = model.config
+    a = arch_of(model)
     for L, layer in enumerate(decoder_layers(model)):
-        for proj in ATTN_PROJ:
-            packs = module_packs(getattr(layer.self_attn, proj))
-            if packs is None:
-                continue
-            p, s = packs["weight"]
-            if permute and proj in ("q_proj", "k_proj"):
-                heads = cfg.num_attention_heads if proj == "q_proj" else cfg.num_key_value_heads
-                p, s = permute_rows(p, heads), permute_rows(s, heads)
-            out[f"blk.{L}.{GGUF_ATTN[proj]}.weight"] = (p, s)
-        packs = module_packs(layer.mlp.experts)
+        for base, mod, heads in sum(_block_linears(model, L, layer), []):
+            packs = module_packs(mod)
+            if packs is not None:
+                p, s = packs["weight"]
+                out[f"{base}.weight"] = (p, s) if heads is None else (permute_rows(p, heads), permute_rows(s, heads))
+        packs = module_packs(experts_of(layer, a))
         for part in ("gate", "up", "down") if packs else ():
-            out[f"blk.{L}.ffn_{part}_exps.weight"] = packs[part]
+            out[f"blk.{L}.{a.gguf.names[part]}.weight"] = packs[part]
     packs = module_packs(model.lm_head)
     if packs:
-        out["output.weight"] = packs["weight"]
+        out[f"{a.gguf.names['lm_head']}.weight"] = packs["weight"]
     return out
 
 

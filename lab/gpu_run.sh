@@ -10,6 +10,8 @@
 #            synccheck and initcheck on the same cases at small shapes
 #   bench    every decode shape and MoE layer beside its peers and the read floor (lab.bench)
 #   step     the whole-model decode step, int4 (three forms) and bf16, eager, graphed, compiled (lab.decode_step)
+#   qwen2moe the same decode step on Qwen2-MoE (Qwen1.5-MoE-A2.7B's published widths: a shared expert beside
+#            60 routed ones), its own receipt
 #   gate     the README's gate command on truncated-depth synthetic OLMoE checkpoints (lab.realscale_gate)
 #   gate_full  the README's gate command on a synthetic OLMoE at its published 16 layers, every default arm, no fit
 #            (checkpoint in /dev/shm; GATE_S caps it), after the dither's CUDA-vs-CPU test and a ticket's pack
@@ -24,7 +26,8 @@
 #   prefill  many-row int4 scoring against bf16 and the decode path, paired in alternating rounds in one process,
 #            and the rows sweep that sets PREFILL_MIN_ROWS (lab.prefill_bench)
 # Writes under $OUT, every receipt named for the card (h100 / h200): cuda_tests_<card>.txt, replay_check.json,
-# sanitizer_<card>.txt, decode_<card>.json, decode_step_<card>.json, realscale_gate_olmoe_<card>.json,
+# sanitizer_<card>.txt, decode_<card>.json, decode_step_<card>.json, decode_step_qwen2_moe_<card>.json,
+# realscale_gate_olmoe_<card>.json,
 # realscale_gate_full_olmoe_<card>.json, dither_cuda_<card>.txt, realscale_gate_qwen3_moe_<card>.json,
 # realscale_gate_mixtral_<card>.json, prefill_<card>.json. Carried wheels in .whl/ (git-ignored) are installed
 # first: transformers (the pinned version; the image's is older) and GemLite (a peer column of the bench).
@@ -84,8 +87,16 @@ if [[ $STAGES == *step* ]]; then
     --states ${STEP_STATES:-bf16 int4 int4_fused int4_fused2} --runs ${STEP_RUNS:-eager graphed compiled} \
     --compile-states ${STEP_COMPILE:-bf16 int4_fused2} --parts ${STEP_PARTS:-times floors greedy host breakdown} \
     --breakdown-states ${STEP_BREAKDOWN:-int4_fused int4_fused2} \
-    --samples 7 --replays 8 --eager-samples 2 ${STEP_PRIOR:+--prior "$STEP_PRIOR"} \
+    --samples 7 --replays 8 --eager-samples ${STEP_EAGER_SAMPLES:-5} ${STEP_PRIOR:+--prior "$STEP_PRIOR"} \
     --out "$OUT/decode_step_$card${STEP_TAG:-}.json" 2>&1 | tail -40
+fi
+if has qwen2moe; then
+  stage "decode step, Qwen2-MoE"
+  timeout $(( ${STEP_BUDGET_S:-470} + 50 )) python3 -m lab.decode_step --arch qwen2_moe --budget-s ${STEP_BUDGET_S:-470} \
+    --batches 1 16 --contexts ${STEP_CONTEXTS:-256} --impls batched_mm grouped_mm \
+    --states bf16 int4 int4_fused int4_fused2 --runs eager graphed compiled --compile-states bf16 int4_fused2 \
+    --parts times floors greedy host breakdown --breakdown-states int4_fused int4_fused2 \
+    --samples 7 --replays 8 --eager-samples 2 --out "$OUT/decode_step_qwen2_moe_$card.json" 2>&1 | tail -40
 fi
 if has prefill; then
   stage "prefill"
@@ -115,7 +126,7 @@ if has gate_fit; then
     rm -rf /dev/shm/rsg_fit
     timeout ${FIT_S:-260} python3 -m lab.realscale_gate --arch $arch --layers ${FIT_LAYERS:-1 2 3} --device-map auto \
       --max-memory ${FIT_MEMORY:-0=70GiB cpu=100GiB} --workdir /dev/shm/rsg_fit --deadline $(( ${FIT_S:-260} - 15 )) \
-      --gate-args="${FIT_ARGS:---max-docs 10 --lottery 1 --calib-draws 1 --no-floor}" \
+      --gate-args="${FIT_ARGS:---max-docs 20 --lottery 1 --calib-draws 1 --no-floor}" \
       --out "$OUT/realscale_gate_${arch}_$card.json" 2>&1 | grep --line-buffered -v "Writing model shards\|Loading weights" | tail -20
     rm -rf /dev/shm/rsg_fit
   done

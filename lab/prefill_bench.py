@@ -45,6 +45,7 @@ import time
 
 import torch
 
+from int4lab.archs import arch_of
 from lab.synth import ARCHS, WIDTHS, _init_, _reset_buffers, synth_config
 
 TARGETS = ("experts", "experts+attn")
@@ -202,7 +203,8 @@ def run(arch="olmoe", layers=4, width="real", act="int8", targets="experts+attn"
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = build_model(arch, layers, width, dev, seed)
     cfg = model.config
-    E, k = getattr(cfg, "num_experts", None) or cfg.num_local_experts, cfg.num_experts_per_tok
+    sizes = arch_of(cfg).sizes(cfg)                  # the config keys, as the architecture's record names them
+    E, k = sizes["experts"], sizes["top_k"]
     g = torch.Generator().manual_seed(seed)
     ids = {f"{B}x{T}": torch.randint(0, cfg.vocab_size, (B, T), generator=g).to(dev) for B, T in batches}
     rows = {key: {"batch": key, "tokens": x.numel(), "default_takes_prefill": {

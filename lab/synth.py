@@ -11,7 +11,7 @@ initialises them (norms 1), so a perplexity on them means nothing: what a run on
 pipeline — loading, quantising, memory, time.
 
 The tokenizer is this repository's 4096-token BPE (`int4lab.models.load_tokenizer`), not the model's own:
-its ids are a subset of every published vocabulary (32000 / 50304 / 151936), so every id it emits has an
+its ids are a subset of every published vocabulary (32000 / 50304 / 151936 / 151936), so every id it emits has an
 embedding row. The config keeps the published special-token ids.
 
 `--width real` (default) uses the published configuration; `--width tiny` the same structure (expert
@@ -31,47 +31,20 @@ from pathlib import Path
 
 import torch
 
-# The published configurations, as the keys of each model's config.json on the Hugging Face hub.
-# Only the fields that shape the model or its routing are kept; num_hidden_layers is the full depth.
-PUBLISHED = {
-    # https://huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json
-    "mixtral": {
-        "model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "num_local_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 32768,
-        "rope_theta": 1000000.0, "rms_norm_eps": 1e-05, "sliding_window": None, "hidden_act": "silu",
-        "router_aux_loss_coef": 0.02, "initializer_range": 0.02, "tie_word_embeddings": False,
-        "bos_token_id": 1, "eos_token_id": 2,
-    },
-    # https://huggingface.co/allenai/OLMoE-1B-7B-0924/blob/main/config.json
-    "olmoe": {
-        "model_type": "olmoe", "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 1024,
-        "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
-        "num_experts": 64, "num_experts_per_tok": 8, "max_position_embeddings": 4096,
-        "rope_theta": 10000.0, "rms_norm_eps": 1e-05, "norm_topk_prob": False, "clip_qkv": None,
-        "hidden_act": "silu", "router_aux_loss_coef": 0.01, "initializer_range": 0.02,
-        "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": 50279, "pad_token_id": 1,
-    },
-    # https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json
-    "qwen3_moe": {
-        "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
-        "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
-        "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
-        "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
-        "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [], "sliding_window": None,
-        "use_sliding_window": False, "max_window_layers": 48, "hidden_act": "silu",
-        "router_aux_loss_coef": 0.001, "initializer_range": 0.02, "tie_word_embeddings": False,
-        "bos_token_id": 151643, "eos_token_id": 151645,
-    },
-}
+from int4lab.archs import ARCHS as RECORDS
+
+# The published configurations, as the keys of each model's config.json on the Hugging Face hub: the `published`
+# field of each `int4lab.archs` record (where its citations are). Only the fields that shape the model or its
+# routing are kept; num_hidden_layers is the full depth.
+PUBLISHED = {name: dict(a.published.config) for name, a in RECORDS.items()}
 ARCHS = tuple(PUBLISHED)
 WIDTHS = ("real", "tiny")
 FULL_LAYERS = {a: c["num_hidden_layers"] for a, c in PUBLISHED.items()}
 
 # Tiny width: the published structure (experts, top-k, kv grouping, explicit head_dim) at CPU size.
 # Every expert matrix keeps K a multiple of 32 (int4-b32 blocks); 4096 = this repository's tokenizer.
-TINY = {"hidden_size": 64, "intermediate_size": 64, "moe_intermediate_size": 64, "num_attention_heads": 4,
-        "vocab_size": 4096, "max_position_embeddings": 512}
+TINY = {"hidden_size": 64, "intermediate_size": 64, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 128,
+        "num_attention_heads": 4, "vocab_size": 4096, "max_position_embeddings": 512}
 
 
 def _check(arch, layers, width) -> None:
@@ -105,7 +78,7 @@ def config_fields(arch: str, layers: int, width: str = "real") -> dict:
 
 
 def synth_config(arch: str, layers: int, width: str = "real"):
-    """A transformers config (MixtralConfig / OlmoeConfig / Qwen3MoeConfig) from `config_fields`."""
+    """A transformers config (MixtralConfig / OlmoeConfig / Qwen3MoeConfig / Qwen2MoeConfig) from `config_fields`."""
     from transformers import AutoConfig
     f = config_fields(arch, layers, width)
     mt = f.pop("model_type")

@@ -150,7 +150,7 @@ LIBRARY = [
      r"metadata field 'sha256' is missing"),
     # the gate's settings (the same rules the CLI applies, named by flag)
     ("max_docs_1", lambda c, d: check_settings(max_docs=1), ValueError,
-     r"--max-docs: max_docs must be None \(every document\) or an int >= 10"),
+     r"--max-docs: max_docs must be None \(every document\) or an int >= 20"),
     ("max_docs_negative", lambda c, d: check_settings(max_docs=-1), ValueError, r"--max-docs: max_docs must be"),
     ("max_docs_0", lambda c, d: check_settings(max_docs=0), ValueError, r"--max-docs: max_docs must be"),
     ("budget_inf", lambda c, d: check_settings(budget=math.inf), ValueError,
@@ -239,7 +239,7 @@ def _bench(argv):
 
 
 CLI = [
-    (_gate, ["--model", "olmoe", "--max-docs", "1"], r"--max-docs: max_docs must be None .* int >= 10"),
+    (_gate, ["--model", "olmoe", "--max-docs", "1"], r"--max-docs: max_docs must be None .* int >= 20"),
     (_gate, ["--model", "olmoe", "--max-docs", "-1"], r"--max-docs: max_docs must be"),
     (_gate, ["--model", "olmoe", "--max-docs", "0"], r"--max-docs: max_docs must be"),
     (_gate, ["--model", "olmoe", "--budget", "inf"], r"--budget: budget must be a positive finite"),

@@ -186,9 +186,11 @@ def test_gate_table_in_the_readme_shows_the_fallback(tmp_path):
     from int4lab.gate import render_gate_table
     ci = {"value": 0.001, "lo": 0.0, "hi": 0.002}
     arm = {"kind": "gptq", "quant_report": {"gptq_experts": 17, "fallback": [{}] * 111},
-           "texts": {"test": {"rel": ci, "kl": ci}}, "verdict": {"verdict": "PASS"}}
-    rec = {"settings": {"scored": "every arm on every document"}, "model": "tiny",
-           "texts": {"test": {"source_ppl": 2.0, "tokens": 10}}, "arms": {"gptq/experts/W4A8 draw#0": arm}}
+           "texts": {"test": {"rel": ci, "kl": ci}}, "held_out": {"test": {"rel": ci, "kl": ci}},
+           "verdict": {"verdict": "PASS"}}
+    rec = {"settings": {"scored": "every arm on every document"}, "model": "tiny", "split": {},
+           "texts": {"test": {"source_ppl": 2.0, "tokens": 10}}, "arms": {"gptq/experts/W4A8 draw#0": arm},
+           "choice": {"chosen": "gptq/experts/W4A8 draw#0", "held_out": arm["held_out"], "verdict": arm["verdict"]}}
     (tmp_path / "gate_tiny.json").write_text(json.dumps(rec))
     line = [x for x in render_gate_table(tmp_path).splitlines() if "draw#0" in x][0]
     assert "| PASS (GPTQ→RTN fallback: 111 of 128 experts) |" in line

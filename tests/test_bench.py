@@ -38,13 +38,25 @@ def test_model_table_matches_transformers_configs():
     assert bench.MODELS is shapes.MODELS and report.MODELS is shapes.MODELS        # one table, shared
 
 
-def test_tiny_models_are_built_from_their_sizes_table():
-    from int4lab.models.configs import TINY, expert_shapes, tiny_config
-    for arch, t in TINY.items():
+def test_tiny_models_are_built_from_their_architecture_records():
+    from int4lab.archs import TRAINED, get
+    from int4lab.models.configs import expert_shapes, tiny_config
+    for arch in TRAINED:
+        t = get(arch).tiny
         cfg = tiny_config(arch)
-        assert expert_shapes(cfg) == {"experts": t.n_experts, "top_k": t.top_k, "hidden": t.hidden,
-                                      "intermediate": t.intermediate}
-        assert (cfg.num_attention_heads, cfg.num_key_value_heads) == (t.n_heads, t.n_kv_heads)
+        got = expert_shapes(cfg)
+        assert (got["experts"], got["top_k"], got["intermediate"]) == (t.experts, t.top_k, t.intermediate)
+        assert cfg.num_key_value_heads == t.kv_heads
+
+
+def test_bench_models_are_the_architecture_records_published_sizes():
+    """The bench's shape table (lab/bench/shapes.py, what its receipts name) agrees with each architecture's
+    published configuration in int4lab/archs, field by field."""
+    from int4lab.archs import bench_models
+    for name, a in bench_models().items():
+        m, s = shapes.MODELS[name], a.published_sizes()
+        assert (m.hidden, m.intermediate, m.n_experts, m.top_k, m.n_heads, m.n_kv_heads, m.head_dim) == (
+            s["hidden"], s["intermediate"], s["experts"], s["top_k"], s["heads"], s["kv_heads"], s["head_dim"]), name
 
 
 def _shapes(name):

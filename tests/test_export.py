@@ -170,7 +170,7 @@ def test_export_q4_0_decodes_bit_for_bit(arch, scheme, tmp_path):
         assert np.array_equal(_bits(decoded[name]), _bits(ours)), f"{name} differs"
     r = gguf.GGUFReader(str(path))
     f = {k: r.fields[k] for k in r.fields}
-    arch_name = ex.GGUF_ARCH[arch][0]
+    arch_name = il.archs.get(arch).gguf.arch
     assert bytes(f["general.architecture"].parts[-1]).decode() == arch_name
     assert int(f[f"{arch_name}.expert_count"].parts[-1][0]) == il.models.expert_shapes(m.config)["experts"]
     assert int(f[f"{arch_name}.block_count"].parts[-1][0]) == L

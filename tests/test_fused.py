@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import int4lab.quantize as Q
+from int4lab.archs import get
 from int4lab.kernels import launch, ops
 from int4lab.kernels.norm import rms_norm, rms_norm_ref
 from int4lab.kernels.router import router_topk, router_topk_ref
@@ -106,7 +107,8 @@ def test_fuse_decode_replaces_the_pieces_and_keeps_the_logits(device, arch):
     lay = f.model.layers[0]
     assert f.int4_fused == {"qkv": 2, "router": 2, "norms": f.int4_fused["norms"], "attention": 2, "add_norm": 2,
                            "left": []}
-    assert f.int4_fused["norms"] == (5 if arch == "mixtral" else 9)        # 2 per layer (+ q/k norms) + the final
+    qk = len(get(arch).layout.qk_norms)                                    # 2 per layer (+ q/k norms) + the final
+    assert f.int4_fused["norms"] == 2 * (2 + qk) + 1
     assert isinstance(lay.mlp.gate, Q.FusedRouter) and isinstance(lay.input_layernorm, Q.FusedRMSNorm)
     assert type(lay).__name__ == "FusedDecoderLayer" and type(lay.self_attn).__name__ == "FusedAttention"
     assert lay.self_attn.q_proj.qkv is lay.self_attn.k_proj.qkv is lay.self_attn.qkv_proj

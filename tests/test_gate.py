@@ -1,6 +1,6 @@
 """The perplexity gate: windows and their batches, the on-device statistics against the one-shot formula,
-the paired bootstrap and its coverage, the verdict rule on synthetic per-token arrays, the rounding band and
-the calibration rule, the kernel-parity check, a whole run (arms in groups equal to all at once), the CLI."""
+the paired bootstrap and its coverage, the verdict rule on synthetic per-token arrays (the calibration test,
+the band and the split: test_gate_stats.py), the kernel-parity check, a whole run (arms in groups equal to all at once), the CLI."""
 import json
 import math
 
@@ -201,35 +201,6 @@ def test_verdict_and_tokens_to_decide_edges():
         gate.verdict({"t": {"rel": {"value": 0.0, "lo": 0.1, "hi": 0.2}, "tokens": 1}}, 0.01)
 
 
-def test_rounding_band_and_calibration_judgement():
-    b = gate.rounding_band([0.004, 0.001, 0.002, 0.003])
-    assert (b["lo"], b["hi"]) == pytest.approx(tuple(np.quantile([0.001, 0.002, 0.003, 0.004], [0.05, 0.95])))
-    assert b["lo"] > 0.001 and b["hi"] < 0.004                  # quantiles, not the range of point values
-    with pytest.raises(ValueError, match="at least 2 finite"):
-        gate.rounding_band([0.01])
-    g = lambda lo, hi: {"value": (lo + hi) / 2, "lo": lo, "hi": hi}             # noqa: E731
-    bands = {"test": gate.rounding_band([-0.002, 0.001]), "ood": gate.rounding_band([0.001, 0.003])}
-    better = {"test": g(-0.01, -0.005), "ood": g(-0.012, -0.004)}
-    j = gate.calibration_judgement([better] * 3, bands)
-    assert j["verdict"] == "ACCEPTED" and j["rule"] == gate.CALIBRATION_RULE
-    assert j["texts"]["test"]["helps_below"] == pytest.approx(bands["test"]["lo"]) and j["texts"]["ood"]["helps_below"] == 0
-    # below zero but not below the band's lower edge on one text of one draw
-    short = {"test": g(-0.01, -0.0018), "ood": g(-0.012, -0.004)}         # band lo: -0.00185
-    j = gate.calibration_judgement([better, short, better], bands)
-    assert j["verdict"] == "NOT SHOWN" and "draw 1, test" in j["reasons"][0] and j["texts"]["test"]["helps"] == [
-        True, False, True]
-    # above zero but inside the band: not worse; above the band: worse
-    inside = {"test": g(-0.01, -0.005), "ood": g(0.0005, 0.0025)}
-    assert gate.calibration_judgement([better, better, inside], bands)["verdict"] == "NOT SHOWN"
-    worse = {"test": g(-0.01, -0.005), "ood": g(0.0035, 0.01)}
-    j = gate.calibration_judgement([better, better, worse], bands)
-    assert j["verdict"] == "WORSE" and j["texts"]["ood"]["hurts"] == [False, False, True]
-    with pytest.raises(ValueError, match="at least 3 calibration draws"):
-        gate.calibration_judgement([better] * 2, bands)
-    with pytest.raises(ValueError, match="texts of the rounding band"):
-        gate.calibration_judgement([{"test": better["test"]}] * 3, bands)
-
-
 def test_verdict_says_when_an_arm_scores_better_than_its_source():
     cis = _cis(test=-0.02, ood=0.001)
     assert cis["test"]["rel"]["hi"] < 0
@@ -324,14 +295,14 @@ def test_decode_parity_through_the_kernels(arch, tok):
 # ---------------------------------------------------------------------------------------------- a whole run
 
 def short_documents(mp, chars=400):
-    """Score only the first `chars` characters of each document: the gate needs MIN_DOCS documents per text,
-    and ten short ones cost what one whole document did."""
+    """Score only the first `chars` characters of each document: the gate needs 2 * MIN_DOCS documents per text,
+    and twenty short ones cost what two whole documents did."""
     import int4lab.gate.sources as gate_sources
     mp.setattr(gate_sources, "documents", lambda split: [d[:chars] for d in gate.documents(split)])
 
 
 PLAN = dict(schemes=["rtn", "gptq"], lottery=2, calib_draws=3)
-RUN = dict(window=32, max_docs=gate.MIN_DOCS, n_boot=200, calib_tokens=256, calib_len=32, calib_split="validation",
+RUN = dict(window=32, max_docs=2 * gate.MIN_DOCS, n_boot=200, calib_tokens=256, calib_len=32, calib_split="validation",
            min_rows=8, parity_steps=0, progress=False)
 
 
@@ -350,8 +321,11 @@ def test_run_gate_payload(payload):
         for t, c in a["texts"].items():
             assert c["rel"]["lo"] <= c["rel"]["value"] <= c["rel"]["hi"]
             assert c["kl"]["lo"] <= c["kl"]["value"] <= c["kl"]["hi"]
-            assert c["tokens"] == payload["texts"][t]["tokens"] and c["docs"] == payload["texts"][t]["docs"] == gate.MIN_DOCS
-        assert a["verdict"] == gate.verdict(a["texts"], payload["budget"])
+            assert c["tokens"] == payload["texts"][t]["tokens"] and c["docs"] == payload["texts"][t]["docs"] == 2 * gate.MIN_DOCS
+            sp = payload["split"]["texts"][t]
+            assert a["dev"][t]["docs"] == len(sp["dev"]) == gate.MIN_DOCS == a["held_out"][t]["docs"]
+            assert a["dev"][t]["tokens"] + a["held_out"][t]["tokens"] == c["tokens"]
+        assert a["verdict"] == gate.verdict(a["held_out"], payload["budget"])
         assert (a["kind"] == "rtn") != ("vs_twin" in a)
     assert payload["settings"]["scored"] == "every arm on every document"
     pad = payload["texts"]["test"]["padding"]
@@ -364,7 +338,14 @@ def test_run_gate_payload(payload):
         assert v["band"] == gate.rounding_band(v["values"])
     cal = payload["calibration"]["gptq/experts/W4A8"]
     assert cal["gains"] == [payload["arms"][n]["vs_twin"] for n in cal["draws"]] and len(cal["gains"]) == 3
-    assert cal["judgement"] == gate.calibration_judgement(cal["gains"], {t: v["band"] for t, v in lot["texts"].items()})
+    # two tickets: the band is drawn, the calibration test refuses to judge
+    assert cal["judgement"]["verdict"] == "NOT JUDGED" and "16 lottery tickets (got 2)" in cal["judgement"]["reasons"][0]
+    sp = payload["split"]
+    assert sp["seed"] == payload["settings"]["split_seed"] == 0 and sp["rule"] == gate.SPLIT_RULE
+    assert sp["texts"]["ood"] == gate.split_documents([d[:400] for d in gate.documents("ood")[:20]], "ood")
+    ch = payload["choice"]
+    assert ch["chosen"] == gate.choose({n: a["dev"] for n, a in payload["arms"].items() if a["kind"] != "lottery"})[
+        "chosen"] and ch["verdict"] == payload["arms"][ch["chosen"]]["verdict"]
     assert payload["floor"]["texts"]["test"]["rel"]["value"] != 0
     assert len(payload["groups"]) == 1 and payload["source_rerun"]["max_abs_nll"] == 0
     tm = payload["timing"]
@@ -398,7 +379,7 @@ def test_lottery_is_deterministic_by_seed(payload, tok):
     assert torch.equal(t1.model.layers[0].mlp.experts.down_packed, ticket(1).model.layers[0].mlp.experts.down_packed)
     assert not torch.equal(t1.model.layers[0].mlp.experts.down_packed,
                            ticket(2).model.layers[0].mlp.experts.down_packed)
-    win = gate.Windows(tok, [d[:400] for d in gate.documents("ood")[:gate.MIN_DOCS]], 32)      # short_documents
+    win = gate.Windows(tok, [d[:400] for d in gate.documents("ood")[:2 * gate.MIN_DOCS]], 32)      # short_documents
     per = gate.score_models({"source": tiny_lm("mixtral"), "t": t1}, win)
     got = gate.paired_ci(per["t"].nll, per["source"].nll, per["source"].doc, n_boot=200)["rel"]["value"]
     assert got == pytest.approx(payload["arms"]["rtn/experts/W4A8 lottery#1"]["texts"]["ood"]["rel"]["value"],
@@ -408,17 +389,20 @@ def test_lottery_is_deterministic_by_seed(payload, tok):
 def test_tables(payload, tmp_path):
     text = gate.format_table(payload)
     head = text.splitlines()[0].split()
-    assert head[:5] == ["arm", "text", "tokens", "ppl", "Δ%"] and head[-5:] == ["KL", "[95%", "CI]", "top-1", "verdict"]
+    assert head[:6] == ["arm", "text", "tokens", "ppl", "Δ%", "held-out"] and head[-4:] == ["[95%", "CI]", "top-1",
+                                                                                          "verdict"]
     for name, a in payload["arms"].items():
         assert any(line.startswith(name + " ") and line.rstrip().endswith(a["verdict"]["verdict"] + fallback_note(a))
                    for line in text.splitlines())
-    assert "lottery of rtn/experts/W4A8 (2 dithered re-packs), ticket - RTN per text: test " in text
+    assert "lottery of rtn/experts/W4A8 (2 dithered re-packs), ticket - RTN per text, all documents:" in text
     assert "  gptq/experts/W4A8 draw#2 - rtn/experts/W4A8: test " in text
+    assert f"chosen on development documents: {payload['choice']['chosen']} " in text
     (tmp_path / "gate_tiny.json").write_text(json.dumps({"provenance": {}, **payload}))
     md = gate.render_gate_table(tmp_path)
-    assert md.splitlines()[0].startswith("| model | arm | Δ ppl test [95% CI] | Δ ppl ood [95% CI] | verdict | KL test")
-    # the source, every arm, the rounding band, each GPTQ draw against round-to-nearest
-    assert len([x for x in md.splitlines() if x.startswith("| tiny |")]) == 1 + len(payload["arms"]) + 1 + 3
+    assert md.splitlines()[0].startswith("| model | arm | Δ ppl test, held-out [95% CI] | Δ ppl ood, held-out [95% CI] "
+                                         "| verdict (held-out) | KL test")
+    # the source, every arm, the rounding band, each GPTQ draw against round-to-nearest, the chosen arm
+    assert len([x for x in md.splitlines() if x.startswith("| tiny |")]) == 1 + len(payload["arms"]) + 1 + 3 + 1
     assert all(x.count("|") == md.splitlines()[0].count("|") for x in md.splitlines())
     with pytest.raises(FileNotFoundError, match="no gate_"):
         gate.render_gate_table(tmp_path / "empty")
@@ -432,7 +416,7 @@ def test_cli_runs_a_checkpoint_dir_and_prints_one_table(tmp_path, tok, capsys, m
     tiny_lm("olmoe").save_pretrained(ckpt)
     tok.save_pretrained(ckpt)
     out = tmp_path / "r.json"
-    rc = gate.main(["--model", str(ckpt), "--window", "32", "--max-docs", "10", "--lottery",
+    rc = gate.main(["--model", str(ckpt), "--window", "32", "--max-docs", "20", "--lottery",
                     "1", "--boot", "200", "--parity-steps", "0", "--no-floor", "--quiet", "--texts", "ood", "--out",
                     str(out)])
     text = capsys.readouterr().out

@@ -50,7 +50,7 @@ def test_bad_files_are_refused_naming_the_file_and_the_rule(tmp_path):
         "empty.txt": (b"\n \n\n", "is empty"),
         "latin1.txt": ("caf\u00e9 ol\u00e9\n\nna\u00efve".encode("latin-1"), "is not UTF-8 text"),
         "few.txt": ("\n\n".join(paragraphs(MIN_DOCS - 1)).encode(), f"has {MIN_DOCS - 1} documents, fewer than the "
-                                                                    f"{MIN_DOCS}"),
+                                                                    f"{2 * MIN_DOCS}"),
         "notjson.jsonl": (b'{"text": "a"}\n{text: b}\n', "line 2 is not JSON"),
         "nofield.jsonl": (b'{"body": "a"}\n', 'line 1 must be an object with a string "text" field'),
         "docs.csv": (b"a,b\n", "a .txt or .jsonl file"),
@@ -62,13 +62,13 @@ def test_bad_files_are_refused_naming_the_file_and_the_rule(tmp_path):
         with pytest.raises(ValueError, match=msg) as e:
             check_settings(texts=[str(p)])
         assert str(e.value).startswith("--texts: ") and name in str(e.value)
-    ok = write_txt(tmp_path / "ok.txt", paragraphs(MIN_DOCS))
+    ok = write_txt(tmp_path / "ok.txt", paragraphs(2 * MIN_DOCS))
     check_settings(texts=[str(ok), "ood"])
     with pytest.raises(ValueError, match="has 9 documents"):
-        S.check_document_count(S.read_sources([str(ok)]), 9, MIN_DOCS)      # the first max_docs count
+        S.check_document_count(S.read_sources([str(ok)]), 9)      # the first max_docs count
     (tmp_path / "d").mkdir()
     with pytest.raises(ValueError, match="two sources are named 'ok.txt'"):
-        S.read_sources([str(ok), str(write_txt(tmp_path / "d" / "ok.txt", paragraphs(MIN_DOCS)))])
+        S.read_sources([str(ok), str(write_txt(tmp_path / "d" / "ok.txt", paragraphs(2 * MIN_DOCS)))])
 
 
 def test_hf_specs_parse_and_refuse_clearly(monkeypatch):
@@ -116,13 +116,13 @@ def test_cli_gate_on_user_files(tmp_path, tok, capsys):
     ckpt = tmp_path / "ckpt"
     tiny_lm("olmoe").save_pretrained(ckpt)
     tok.save_pretrained(ckpt)
-    a = write_txt(tmp_path / "mine.txt", paragraphs(MIN_DOCS, split="test"))
-    b = write_jsonl(tmp_path / "more.jsonl", paragraphs(MIN_DOCS + 2, split="ood"))
+    a = write_txt(tmp_path / "mine.txt", paragraphs(2 * MIN_DOCS, split="test"))
+    b = write_jsonl(tmp_path / "more.jsonl", paragraphs(2 * MIN_DOCS + 2, split="ood"))
     cal = write_txt(tmp_path / "calib.txt", paragraphs(40, chars=2000, split="train"))
     out = tmp_path / "r.json"
     rc = gate.main(["--model", str(ckpt), "--texts", str(a), str(b), "--calib-text", str(cal),
                     "--scheme", "rtn", "gptq", "--lottery", "1", "--calib-draws", "1", "--calib-tokens", "256",
-                    "--calib-len", "32", "--min-rows", "8", "--window", "32", "--max-docs", "10", "--boot", "200",
+                    "--calib-len", "32", "--min-rows", "8", "--window", "32", "--max-docs", "20", "--boot", "200",
                     "--parity-steps", "0", "--no-floor", "--quiet", "--out", str(out)])
     assert rc == 0, capsys.readouterr().err
     r = json.loads(out.read_text())
@@ -130,7 +130,9 @@ def test_cli_gate_on_user_files(tmp_path, tok, capsys):
     for name, path in (("mine.txt", a), ("more.jsonl", b)):
         t = r["texts"][name]
         assert t["source"]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
-        assert t["docs"] == 10 and t["domain"] == "user"
+        assert t["docs"] == 2 * MIN_DOCS and t["domain"] == "user"
+        sp = r["split"]["texts"][name]                      # user texts are split as the corpus is
+        assert len(sp["dev"]) == len(sp["held_out"]) == MIN_DOCS and not set(sp["dev"]) & set(sp["held_out"])
     assert r["settings"]["calib_text"]["sha256"] == hashlib.sha256(cal.read_bytes()).hexdigest()
     assert r["settings"]["calib_split"] is None
     assert {a["kind"] for a in r["arms"].values()} == {"rtn", "lottery", "gptq"}
@@ -140,7 +142,7 @@ def test_cli_gate_on_user_files(tmp_path, tok, capsys):
 def test_cli_refuses_bad_sources_before_loading(tmp_path, capsys):
     few = write_txt(tmp_path / "few.txt", paragraphs(3))
     assert gate.main(["--model", "olmoe", "--texts", str(few)]) == 2
-    assert f"--texts: {str(few)!r} has 3 documents, fewer than the {MIN_DOCS}" in capsys.readouterr().err
+    assert f"--texts: {str(few)!r} has 3 documents, fewer than the {2 * MIN_DOCS}" in capsys.readouterr().err
     assert gate.main(["--model", "olmoe", "--calib-text", str(tmp_path / "none.txt"), "--scheme", "gptq"]) == 2
     assert "--calib-text: cannot read" in capsys.readouterr().err
     assert gate.main(["--model", "olmoe", "--calib-text", str(few)]) == 2

@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 
 import int4lab.quantize as Q
+from int4lab.archs import ARCHS as RECORDS
 from int4lab.format import BLOCK, dequant_int4_ref, pack_int4_b32, quant_x_rows_ref
 from int4lab.quantize import (Int4Experts, Int4Linear, load_quantized, quantize_model, read_metadata,
                               save_quantized)
@@ -14,17 +15,18 @@ ARCHS = ("mixtral", "olmoe", "qwen3_moe")
 
 
 def tiny_model(arch, seed=0, hidden=64, inter=64, experts=8, layers=2, vocab=256, dtype=torch.float32):
-    """A randomly initialised transformers-5 MoE causal LM: E = experts, top-2, H = hidden, I = inter."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, MixtralConfig, OlmoeConfig, Qwen3MoeConfig
+    """A randomly initialised transformers-5 MoE causal LM: E = experts, top-2, H = hidden, I = inter (a shared
+    expert, where the architecture has one, 2I wide); an architecture int4lab does not handle gets a Llama."""
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
     common = dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
-    if arch == "mixtral":
-        cfg = MixtralConfig(intermediate_size=inter, num_local_experts=experts, num_experts_per_tok=2, **common)
-    elif arch == "olmoe":
-        cfg = OlmoeConfig(intermediate_size=inter, num_experts=experts, num_experts_per_tok=2, **common)
-    elif arch == "qwen3_moe":
-        cfg = Qwen3MoeConfig(moe_intermediate_size=inter, intermediate_size=2 * inter, num_experts=experts,
-                             num_experts_per_tok=2, head_dim=hidden // 4, **common)
+    if arch in RECORDS:
+        k = RECORDS[arch].keys
+        # intermediate_size first: where it is not the routed width, it is a dense MLP's (2I, unused)
+        sizes = {"intermediate_size": 2 * inter, k.intermediate: inter, k.experts: experts, k.top_k: 2}
+        if k.shared_intermediate:
+            sizes[k.shared_intermediate] = 2 * inter
+        cfg = AutoConfig.for_model(arch, **common, **sizes)
     else:
         cfg = LlamaConfig(intermediate_size=inter, **common)
     cfg.pad_token_id = cfg.bos_token_id = cfg.eos_token_id = 0

@@ -90,7 +90,7 @@ def test_gate_cli_by_path_on_the_synthetic_checkpoint(ckpt, tmp_path, capsys, mo
     out = tmp_path / "gate.json"
     rc = gate.main(["--model", str(ckpt), "--scheme", "rtn", "gptq", "--targets", "experts", "experts+attn",
                     "--lottery", "0", "--calib-draws", "1", "--calib-tokens", "256", "--calib-len", "64",
-                    "--min-rows", "4", "--window", "64", "--max-docs", "10", "--texts", "test", "--no-floor",
+                    "--min-rows", "4", "--window", "64", "--max-docs", "20", "--texts", "test", "--no-floor",
                     "--parity-steps", "0", "--boot", "100", "--device", "cpu", "--quiet", "--out", str(out)])
     assert rc == 0
     r = json.loads(out.read_text())
@@ -258,7 +258,7 @@ def test_realscale_gate_runs_the_readme_command_on_the_cpu(tmp_path, monkeypatch
     short_documents(monkeypatch)
     out, work = tmp_path / "rsg.json", tmp_path / "w"
     rc = rg.main(["--arch", "olmoe", "--layers", "2", "1", "--width", "tiny", "--workdir", str(work), "--out", str(out),
-                  "--gate-args=--texts ood --max-docs 10 --lottery 0 --calib-draws 1 --boot 100 --parity-steps 0 "
+                  "--gate-args=--texts ood --max-docs 20 --lottery 0 --calib-draws 1 --boot 100 --parity-steps 0 "
                   "--calib-tokens 512 --min-rows 4"])
     assert rc == 0
     r = json.loads(out.read_text())
@@ -361,7 +361,7 @@ def test_realscale_gate_full_depth_on_the_cpu(tmp_path, monkeypatch):
 
     out, work = tmp_path / "full.json", tmp_path / "w"
     rc = rg.main(["--arch", "olmoe", "--full", "--width", "tiny", "--workdir", str(work), "--out", str(out),
-                  "--gate-args=--texts ood --max-docs 10 --lottery 1 --calib-draws 1 --boot 100 --parity-steps 0 "
+                  "--gate-args=--texts ood --max-docs 20 --lottery 1 --calib-draws 1 --boot 100 --parity-steps 0 "
                   "--calib-tokens 512 --min-rows 4 --no-floor"])
     assert rc == 0
     a = json.loads(out.read_text())["archs"]["olmoe"]

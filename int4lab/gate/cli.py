@@ -62,7 +62,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--texts", nargs="+", default=list(TEXTS), metavar="SOURCE",
                     help=f"texts to score, each a corpus split {TEXTS}, a .txt file (documents separated by blank "
                          "lines), a .jsonl file (a \"text\" field per line) or hf:NAME[:CONFIG]:SPLIT[:FIELD] "
-                         "(the datasets package and the hub); at least 10 documents each")
+                         "(the datasets package and the hub); at least 20 documents each, 10 per development and "
+                         "held-out half")
     ap.add_argument("--window", type=int, default=None,
                     help="inputs per scoring window (default: the model's trained context)")
     ap.add_argument("--batch", type=int, default=16, help="most windows per forward (windows sorted by length)")

@@ -22,6 +22,7 @@ from .compare import assemble
 from .score import STAT_BYTES, ScoreTiming, score_models
 from .settings import check_settings
 from .sources import TextSource, read_source, read_sources
+from .split import SPLIT_SEED, split_documents
 from .texts import TEXTS, Windows, calibration_ids, documents, split_ids, trained_context
 
 BATCH_TOKENS = 8192        # default bound on b x longest window per forward
@@ -52,6 +53,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
              floor: bool = True, floor_stride: int = 16, calib_tokens: int = 16384,
              calib_len: int | None = None, min_rows: int | None = None, damp: float = 0.01,
              calib_split: str = "train", calib_text=None, n_boot: int = stats.N_BOOT, seed: int = 0,
+             split_seed: int = SPLIT_SEED,
              parity_steps: int = 4,
              max_docs: int | None = None, tasks=(), limit: int | None = None, progress: bool = True,
              loader=None, on_arm=None, log=None) -> dict:
@@ -78,9 +80,12 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     with each arm once quantised (holding it keeps its memory). log(str): one line per phase.
 
     The payload: per text the source perplexity and padding; per arm its relative perplexity change against
-    the source with a paired bootstrap CI over documents, KL and top-1 with CIs, the verdict (`stats.verdict`)
-    and, for tickets and GPTQ draws, the paired change against the round-to-nearest twin (`vs_twin`); the
-    rounding band per text (`lottery`), the calibration judgement (`calibration`, rule `stats.CALIBRATION_RULE`),
+    the source with a paired bootstrap CI over all documents, and over the development and held-out documents
+    (`dev`, `held_out`; `split`, split_seed and `split.SPLIT_RULE`), KL and top-1 with CIs, the verdict
+    (`stats.verdict`, on held-out documents) and, for tickets and GPTQ draws, the paired change against the
+    round-to-nearest twin (`vs_twin`); the rounding band per text (`lottery`), the calibration test
+    (`calibration`, rule `stats.CALIBRATION_RULE`), the arm chosen on development documents with its held-out
+    verdict (`choice`, `split.CHOICE_RULE`),
     the groups, and `timing` (build, forwards, scoring, bootstrap; `score_over_forwards` = scoring wall time
     over the time inside its forwards).
     """
@@ -96,6 +101,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     if len(set(names)) != len(names):
         raise ValueError(f"arm names must be unique, got {names}")
     calib_src = calib_source(calib_text, arms)
+    parts = {t: split_documents(list(s.docs)[:max_docs], t, split_seed) for t, s in sources.items()}
     GroupSizer(arms_per_group, "cpu", 0)                     # its checks, before anything is loaded
     if tasks:
         from .lmeval import check_tasks
@@ -116,7 +122,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     context = trained_context(name, src.config)
     check_settings(window=window, calib_len=calib_len, trained_context=context)     # the model's own limit
     L = window or context
-    wins = {t: Windows(tok, list(src.docs)[:max_docs], L) for t, src in sources.items()}
+    wins = {t: Windows(tok, list(s.docs)[:max_docs], L) for t, s in sources.items()}
     nb = sum(len(w.batches(batch, batch_tokens)) for w in wins.values())
     vocab = src.get_output_embeddings().weight.shape[0]
     dev = input_device(src)
@@ -223,7 +229,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     bar.close()
 
     tb = time.time()
-    payload = assemble(arms, info, per, per_floor, wins, budget, n_boot, seed)
+    payload = assemble(arms, info, per, per_floor, wins, budget, n_boot, seed, parts, split_seed)
     bootstrap_s = time.time() - tb
     padding = {t: w.padding(w.batches(batch, batch_tokens)) for t, w in wins.items()}
     for t, w in wins.items():
@@ -241,6 +247,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
         "settings": {"window": L, "batch": batch, "batch_tokens": batch_tokens, "stat_bytes": stat_bytes,
                      "arms_per_group": arms_per_group or "auto", "group_rule": sizer.rule,
                      "n_boot": n_boot, "level": stats.LEVEL, "seed": seed, "bootstrap_unit": "document",
+                     "split_seed": split_seed, "verdict_on": "held-out documents",
                      "scored": "every arm on every document", "texts": list(texts),
                      "calib_tokens": calib_tokens, "calib_len": calib_len or L,
                      "calib_split": calib_split if calib_src is None else None,

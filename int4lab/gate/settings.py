@@ -1,13 +1,15 @@
 """The gate's settings, checked before any work starts: each refusal is a ValueError naming the command-line
 flag, the setting and the rule ("--max-docs: max_docs must be ...").
 
-Why at least MIN_DOCS = 10 documents per text. The verdict's 95 % interval is a paired bootstrap over
+Why at least MIN_DOCS = 10 documents per text and split. The verdict's 95 % interval is a paired bootstrap over
 documents (`stats.paired_ci`): each resample draws the text's n documents with replacement. Over one
 document every resample is that document, the interval has zero width, and PASS or FAIL would follow from
 one number ("[+0.38 %, +0.38 %] PASS"). Over n documents the percentile interval is too narrow by about
 sqrt((n - 1) / n) and has only C(2n - 1, n) distinct resamples: 3 at n = 2, 126 at n = 5. At n = 10 it is
 about 5 % too narrow with 92,378 distinct resamples, which is the least we accept; the committed texts hold
-88 (test) and 71 (ood). The rule counts the documents every arm scores (the first max_docs of each text).
+88 (test) and 71 (ood). Each text is split into development and held-out documents (`split.py`: a pack is
+chosen on one half, its verdict read on the other), and each half keeps MIN_DOCS, so a text needs
+2 * MIN_DOCS. The rule counts the documents every arm scores (the first max_docs of each text).
 We refuse rather than answer UNDECIDED: a run
 that cannot decide by construction is a settings mistake, and it is cheaper to say so before the models load.
 """
@@ -28,21 +30,14 @@ def _need(ok: bool, name: str, flag: str, rule: str, v) -> None:
         raise ValueError(f"{flag}: {name} must be {rule}, got {v!r}")
 
 
-def documents_per_text(texts, max_docs: int | None = None) -> dict:
-    """{text: documents every arm scores (the first max_docs, or all)}; texts are source specs (`sources.py`)."""
-    from .sources import read_sources
-    return {n: len(s.docs) if max_docs is None else min(len(s.docs), max_docs)
-            for n, s in read_sources(texts).items()}
-
-
 def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threads=None, floor_stride=None,
                    n_boot=None, parity_steps=None, limit=None, calib_tokens=None, calib_len=None, min_rows=None,
                    damp=None, dither=None, trained_context=None, texts=None, device=None,
                    batch_tokens=None, stat_bytes=None, seed=None, device_map=None, max_memory=None) -> None:
     """Refuse degenerate gate settings before any work (module doc). An argument left None is not checked
     (its default applies). trained_context: the model's (texts.trained_context), the largest window.
-    texts: the texts to score, source specs or `sources.TextSource`s; with them, every text must keep MIN_DOCS
-    documents after max_docs (reads the texts, not the model)."""
+    texts: the texts to score, source specs or `sources.TextSource`s; with them, every text must keep
+    2 * MIN_DOCS documents after max_docs (`sources.check_document_count`; reads the texts, not the model)."""
     if budget is not None:
         _need(isinstance(budget, (int, float)) and not isinstance(budget, bool) and math.isfinite(budget)
               and 0 < budget < 1, "budget", "--budget",
@@ -55,9 +50,10 @@ def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threa
                   f"at most the model's trained context {trained_context} (positions beyond it were never "
                   "trained, so perplexity there says nothing about the quantisation)", window)
     if max_docs is not None:
-        _need(_int(max_docs) and max_docs >= MIN_DOCS, "max_docs", "--max-docs",
-              f"None (every document) or an int >= {MIN_DOCS}: a bootstrap over fewer documents cannot give "
-              "a verdict (int4lab.gate.settings)", max_docs)
+        _need(_int(max_docs) and max_docs >= 2 * MIN_DOCS, "max_docs", "--max-docs",
+              f"None (every document) or an int >= {2 * MIN_DOCS}: {MIN_DOCS} in each of the development and "
+              "held-out splits; a bootstrap over fewer documents cannot give a verdict (int4lab.gate.settings)",
+              max_docs)
     for name, flag, v, lo in (("batch", "--batch", batch, 1), ("threads", "--threads", threads, 1),
                               ("floor_stride", "--floor-stride", floor_stride, 1),
                               ("n_boot", "--boot", n_boot, MIN_BOOT),
@@ -93,7 +89,7 @@ def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threa
             raise ValueError(f"--max-memory: {e}") from None
     if texts is not None:
         from .sources import check_document_count, read_sources
-        check_document_count(read_sources(texts), max_docs, MIN_DOCS)
+        check_document_count(read_sources(texts), max_docs)
 
 
 def check_device(device) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..corpus import load_split
+from .settings import MIN_DOCS
 from .texts import TEXTS, documents
 
 FILE_KINDS = {".txt": "txt", ".jsonl": "jsonl"}
@@ -140,13 +141,16 @@ def read_sources(specs, flag: str = "--texts") -> dict:
     return out
 
 
-def check_document_count(sources: dict, max_docs: int | None, min_docs: int, flag: str = "--texts") -> None:
-    """ValueError naming the source and the rule when one keeps fewer than min_docs documents after max_docs."""
+def check_document_count(sources: dict, max_docs: int | None, flag: str = "--texts") -> None:
+    """ValueError naming the source and the rule when one keeps fewer than 2 * MIN_DOCS documents after max_docs:
+    every text, the shipped corpus or a user's, is split into development and held-out documents (`split.py`),
+    each half keeping MIN_DOCS (`settings`)."""
+    need = 2 * MIN_DOCS
     for src in sources.values():
         n = len(src.docs) if max_docs is None else min(len(src.docs), max_docs)
-        if n < min_docs:
+        if n < need:
             where = f"text {src.name!r}" if src.kind == "corpus" else f"{src.spec!r}"
-            raise ValueError(f"{flag}: {where} has {n} documents, fewer than the {min_docs} a verdict needs "
-                             "(int4lab.gate.settings)" + ("" if src.kind == "corpus" else
-                                                          "; separate documents by blank lines (.txt) or give "
-                                                          "one per line (.jsonl)"))
+            raise ValueError(f"{flag}: {where} has {n} documents, fewer than the {need} a verdict needs ({MIN_DOCS} "
+                             "in each of the development and held-out splits; int4lab.gate.settings)"
+                             + ("" if src.kind == "corpus" else "; separate documents by blank lines (.txt) or "
+                                                                "give one per line (.jsonl)"))

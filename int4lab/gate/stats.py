@@ -5,7 +5,9 @@ Shape legend: T = scored tokens of a text, D = documents, Bs = bootstrap resampl
 Every figure compares two models on the same tokens, so the uncertainty is paired: resample documents with
 replacement (the same resamples for every arm of a text: seeded), recompute the figure on each resample, and
 take the 2.5th / 97.5th percentiles. Documents, not tokens, are the unit: tokens of one document are
-correlated (same speaker, same chapter), and resampling tokens would make the interval too narrow.
+correlated (same speaker, same chapter), and resampling tokens would make the interval too narrow. Pairing
+removes the variance two arms share (which documents are hard for both); the interval of a paired difference
+is what remains, the text-sampling noise of that difference over documents.
 
 Figures (arm a against reference r, over the tokens of one text):
     rel    = exp(mean(nll_a - nll_r)) - 1 = ppl_a / ppl_r - 1     (relative perplexity change)
@@ -14,6 +16,10 @@ Figures (arm a against reference r, over the tokens of one text):
 The gate is one-sided in rel (an arm may not lose more than the budget); an arm whose CI lies wholly below
 zero scores better than its source on that text, which says it moved, not that it is better: KL(source ‖ a)
 with its CI, reported beside every verdict, is how far it moved either way.
+
+Calibration (does GPTQ beat round-to-nearest by more than rounding luck?) is a test with a stated error rate:
+CALIBRATION_RULE, `calibration_judgement`; the rounding band of the lottery tickets is drawn with the
+uncertainty of its own edges (`rounding_band`).
 """
 from __future__ import annotations
 
@@ -48,9 +54,10 @@ def _ci(point: float, samples: np.ndarray, level: float) -> dict:
 
 
 def paired_ci(x: np.ndarray, y: np.ndarray, doc: np.ndarray, *, kl=None, top1=None, n_boot: int = N_BOOT,
-              seed: int = 0, level: float = LEVEL) -> dict:
+              seed: int = 0, level: float = LEVEL, p99: bool = True) -> dict:
     """Point values and percentile CIs of rel (x against reference y, both per-token nll [T]) and, when
-    given, of mean kl [T], its 99th percentile and mean top1 [T]; doc int [T] is each token's document.
+    given, of mean kl [T], its 99th percentile (unless p99 is False) and mean top1 [T]; doc int [T] is each
+    token's document (any ids: a subset of a text's documents is fine).
 
     Returns {"rel": {value, lo, hi}, "kl": ..., "kl_p99": ..., "top1": ..., "tokens": T, "docs": D}.
     """
@@ -75,7 +82,8 @@ def paired_ci(x: np.ndarray, y: np.ndarray, doc: np.ndarray, *, kl=None, top1=No
         kl = np.asarray(kl, np.float64)
         p, bs = ratio(kl)
         out["kl"] = _ci(p, bs, level)
-        out["kl_p99"] = _ci(float(np.quantile(kl, 0.99)), _weighted_p99(kl, d, C[:min(n_boot, 1000)]), level)
+        if p99:
+            out["kl_p99"] = _ci(float(np.quantile(kl, 0.99)), _weighted_p99(kl, d, C[:min(n_boot, 1000)]), level)
     if top1 is not None:
         p, bs = ratio(np.asarray(top1, np.float64))
         out["top1"] = _ci(p, bs, level)
@@ -154,69 +162,156 @@ def verdict(cis: dict, budget: float) -> dict:
 
 
 MIN_DRAWS = 3           # calibration is judged over at least this many calibration draws
-MIN_TICKETS = 2         # and against the rounding band of at least this many lottery tickets
+MIN_BAND_TICKETS = 2    # the rounding band is drawn from at least this many lottery tickets
+MIN_TICKETS = 16        # calibration is judged against at least this many (why: `calibration_judgement`)
 ROUNDING_Q = 0.05       # the rounding band: quantiles ROUNDING_Q and 1 - ROUNDING_Q of ticket - RTN
+ALPHA = 0.05            # the calibration test's error rate
 
 CALIBRATION_RULE = (
-    "Per text, every figure is a paired relative change against the round-to-nearest twin on the same documents. "
-    "The rounding band is the distribution of (lottery ticket - RTN) over the tickets: how far perplexity moves "
-    "when only the rounding changes; its lower / upper edges are the 5th / 95th percentiles (linear interpolation). "
-    "A calibration draw HELPS on a text when the upper bound of its (draw - RTN) 95% CI is below zero and below "
-    "the band's lower edge; it HURTS when the CI's lower bound is above zero and above the band's upper edge. "
-    "ACCEPTED: every draw helps on every text. WORSE: some draw hurts on some text. NOT SHOWN: otherwise. "
-    f"Judged with at least {MIN_DRAWS} draws and {MIN_TICKETS} tickets.")
+    "Per text, each arm's figure is x = log(ppl_arm / ppl_RTN): the token-weighted mean of its per-document paired "
+    "nll differences to the round-to-nearest twin, on the same documents. Null hypothesis for a calibration draw: "
+    "it is exchangeable with the lottery tickets (dithered round-to-nearest re-packs), i.e. calibration buys "
+    "nothing beyond rounding luck. Test: the prediction t statistic t = (x_draw - mean x_tickets) / "
+    "(sd x_tickets * sqrt(1 + 1/K)) over K tickets, Student t with K - 1 degrees of freedom (tickets' x normal); "
+    "one-sided p_helps = P(T <= t), p_hurts = P(T >= t). A draw HELPS on a text when p_helps <= alpha. "
+    "ACCEPTED: every draw helps on every text (intersection-union test: if any draw on any text is no better "
+    "than a ticket, ACCEPTED comes out with probability at most alpha). WORSE: some (draw, text) has a "
+    "Holm-adjusted p_hurts <= alpha over all draws x texts (family-wise error at most alpha). NOT SHOWN: "
+    f"otherwise. alpha = {ALPHA}; at least {MIN_DRAWS} draws and {MIN_TICKETS} tickets. The exact rank "
+    "p-value (1 + tickets at or beyond the draw) / (K + 1), free of the normal assumption, is reported beside it.")
 
 
-def rounding_band(ticket_rels: list[float], q: float = ROUNDING_Q) -> dict:
+def t_cdf(t: np.ndarray, nu: int) -> np.ndarray:
+    """Student t CDF with nu (int >= 1) degrees of freedom, float64, elementwise; closed form by the parity of
+    nu (Abramowitz & Stegun 26.7.3-4), exact to rounding."""
+    t = np.asarray(t, np.float64)
+    th = np.arctan(np.abs(t) / math.sqrt(nu))
+    c2, s = np.cos(th) ** 2, np.sin(th)
+    if nu % 2 == 0:
+        term, acc = np.ones_like(th), np.ones_like(th)
+        for k in range(1, nu // 2):
+            term = term * c2 * (2 * k - 1) / (2 * k)
+            acc = acc + term
+        a = s * acc
+    else:
+        acc = np.zeros_like(th)
+        if nu > 1:
+            term = np.ones_like(th)
+            acc = term.copy()
+            for k in range(1, (nu - 1) // 2):
+                term = term * c2 * (2 * k) / (2 * k + 1)
+                acc = acc + term
+        a = 2 / math.pi * (th + s * np.cos(th) * acc)
+    return 0.5 + 0.5 * np.sign(t) * a
+
+
+def prediction_p(x_draw, x_tickets) -> tuple[np.ndarray, np.ndarray]:
+    """(p_helps, p_hurts) of draws x_draw [...] against tickets x_tickets [..., K] (same leading shape or
+    broadcastable): the one-sided prediction t test of CALIBRATION_RULE. ValueError when the tickets do not
+    spread (sd 0)."""
+    x, tk = np.asarray(x_draw, np.float64), np.asarray(x_tickets, np.float64)
+    K = tk.shape[-1]
+    sd = tk.std(-1, ddof=1)
+    if (sd <= 0).any():
+        raise ValueError("the lottery tickets must spread (standard deviation > 0) to judge a draw against them")
+    t = (x - tk.mean(-1)) / (sd * math.sqrt(1 + 1 / K))
+    return t_cdf(t, K - 1), t_cdf(-t, K - 1)
+
+
+def holm(p) -> list[float]:
+    """Holm step-down adjusted p-values (family-wise error control) of a flat list, in its order."""
+    p = np.asarray(p, np.float64)
+    m, order = p.size, np.argsort(p, kind="stable")
+    adj = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * p[order]))
+    out = np.empty(m)
+    out[order] = adj
+    return out.tolist()
+
+
+def _binom_cdf(k: int, n: int, q: float) -> float:
+    return sum(math.comb(n, j) * q ** j * (1 - q) ** (n - j) for j in range(0, k + 1)) if k >= 0 else 0.0
+
+
+def quantile_ci(values, q: float, level: float = LEVEL) -> list:
+    """Distribution-free CI [lo, hi] of the q quantile from order statistics: with B ~ Binomial(n, q), lo is the
+    r-th smallest value for the largest r with P(B < r) <= (1 - level) / 2, hi the s-th for the smallest s with
+    P(B >= s) <= (1 - level) / 2; None where no order statistic qualifies (the bound lies beyond the smallest /
+    largest value: too few values to bound that side)."""
+    v, n, a = sorted(float(x) for x in values), len(values), (1 - level) / 2
+    r = max(j for j in range(n + 1) if _binom_cdf(j - 1, n, q) <= a)
+    s = min([j for j in range(1, n + 1) if 1 - _binom_cdf(j - 1, n, q) <= a] or [n + 1])
+    return [v[r - 1] if r >= 1 else None, v[s - 1] if s <= n else None]
+
+
+def rounding_band(ticket_rels: list[float], q: float = ROUNDING_Q, level: float = LEVEL) -> dict:
     """The (lottery ticket - round-to-nearest) paired relative changes of one text, each on every document:
-    {"values": [...], "lo": their q quantile, "hi": their 1 - q quantile, "q": q}. How far perplexity moves
-    under a rounding change alone; unlike a range of point estimates it does not widen with more tickets."""
+    {"values", "lo": their q quantile, "hi": their 1 - q quantile (linear interpolation), "q", "level",
+    "lo_ci", "hi_ci": each edge's distribution-free `quantile_ci` (None: unbounded on that side)}. How far
+    perplexity moves under a rounding change alone; a picture with its own uncertainty, not a threshold
+    (the calibration test is `calibration_judgement`)."""
     v = [float(x) for x in ticket_rels]
-    if len(v) < MIN_TICKETS or not all(math.isfinite(x) for x in v):
-        raise ValueError(f"the rounding band needs at least {MIN_TICKETS} finite ticket - RTN changes, got {v}")
+    if len(v) < MIN_BAND_TICKETS or not all(math.isfinite(x) for x in v):
+        raise ValueError(f"the rounding band needs at least {MIN_BAND_TICKETS} finite ticket - RTN changes, got {v}")
     if not 0 < q < 0.5:
         raise ValueError(f"q must be in (0, 0.5), got {q!r}")
     lo, hi = np.quantile(v, [q, 1 - q])
-    return {"values": v, "lo": float(lo), "hi": float(hi), "q": q}
+    return {"values": v, "lo": float(lo), "hi": float(hi), "q": q, "level": level,
+            "lo_ci": quantile_ci(v, q, level), "hi_ci": quantile_ci(v, 1 - q, level)}
 
 
-def calibration_judgement(draws: list[dict], bands: dict) -> dict:
-    """Does calibration beat round-to-nearest? draws: one {text: {value, lo, hi}} per calibration draw, the
-    paired CI of (calibrated - its round-to-nearest twin) on the same documents (negative = better); bands:
-    {text: rounding_band}. The rule is CALIBRATION_RULE (stated before any run):
+def calibration_judgement(draws: list[dict], tickets: dict, alpha: float = ALPHA) -> dict:
+    """Does calibration beat rounding luck? draws: one {text: {"value": rel, ...}} per calibration draw, its
+    paired relative change against the round-to-nearest twin on the same documents (negative = better);
+    tickets: {text: [rel per lottery ticket]}, the tickets' changes against the same twin. The rule is
+    CALIBRATION_RULE, a test at error rate alpha.
 
-    a draw HELPS on a text when its CI's hi < min(0, band lo); it HURTS when its CI's lo > max(0, band hi);
-    ACCEPTED  every draw helps on every text;
-    WORSE     some draw hurts on some text;
-    NOT SHOWN otherwise.
-    Returns {"verdict", "reasons", "rule", "texts": {text: {"helps_below", "hurts_above", "helps": [bool per
-    draw], "hurts": [...]}}}. ValueError for fewer than MIN_DRAWS draws or texts that do not match.
+    Why whole arms and not documents: a ticket's rounding luck is shared by every document it scores, so
+    the per-document differences of one arm are correlated; permuting documents between arms would make the
+    null spread too narrow and the test too eager. Why MIN_TICKETS = 16: the tickets' sd, the test's yardstick,
+    is then known to about 1/sqrt(2 (K - 1)) = 18 % and the exact rank p-value reaches 1/17 = 0.059; with
+    fewer, both are too coarse for a 5 % test.
+    Returns {"verdict", "reasons", "rule", "alpha", "tickets": K, "texts": {text: {"p_helps", "p_hurts",
+    "p_hurts_holm", "rank_p_helps", "rank_p_hurts", "helps", "hurts": one per draw}}}. ValueError for fewer
+    than MIN_DRAWS draws or MIN_TICKETS tickets, texts that do not match, or tickets that do not spread.
     """
+    if not 0 < alpha < 0.5:
+        raise ValueError(f"alpha must be in (0, 0.5), got {alpha!r}")
     if len(draws) < MIN_DRAWS:
         raise ValueError(f"calibration is judged over at least {MIN_DRAWS} calibration draws, got {len(draws)}")
     for g in draws:
-        if set(g) != set(bands):
-            raise ValueError(f"every draw needs a change on the texts of the rounding band {sorted(bands)}, "
-                             f"got {sorted(g)}")
+        if set(g) != set(tickets):
+            raise ValueError(f"every draw needs a change on the texts of the tickets {sorted(tickets)}, got {sorted(g)}")
+    for t, v in tickets.items():
+        if len(v) < MIN_TICKETS:
+            raise ValueError(f"calibration is judged against at least {MIN_TICKETS} lottery tickets, got {len(v)} on "
+                             f"{t!r}: with fewer the tickets' spread and the rank p-value are too coarse for a "
+                             f"{alpha:.0%} test (int4lab.gate.stats.calibration_judgement)")
     texts = {}
-    for t, b in bands.items():
-        below, above = min(0.0, b["lo"]), max(0.0, b["hi"])
-        texts[t] = {"helps_below": below, "hurts_above": above,
-                    "helps": [g[t]["hi"] < below for g in draws], "hurts": [g[t]["lo"] > above for g in draws]}
-    out = {"rule": CALIBRATION_RULE, "texts": texts}
-    hurt = [(i, t) for t, v in texts.items() for i, h in enumerate(v["hurts"]) if h]
+    for t, v in tickets.items():
+        xk = np.log1p(np.asarray(v, np.float64))
+        xd = np.log1p(np.array([g[t]["value"] for g in draws], np.float64))
+        ph, pu = prediction_p(xd, xk[None, :])
+        K = len(xk)
+        texts[t] = {"p_helps": ph.tolist(), "p_hurts": pu.tolist(),
+                    "rank_p_helps": [(1 + int((xk <= x).sum())) / (K + 1) for x in xd],
+                    "rank_p_hurts": [(1 + int((xk >= x).sum())) / (K + 1) for x in xd],
+                    "helps": [bool(p <= alpha) for p in ph]}
+    flat = [(t, i) for t in texts for i in range(len(draws))]
+    adj = holm([texts[t]["p_hurts"][i] for t, i in flat])
+    for t in texts:
+        texts[t]["p_hurts_holm"] = [adj[flat.index((t, i))] for i in range(len(draws))]
+        texts[t]["hurts"] = [bool(p <= alpha) for p in texts[t]["p_hurts_holm"]]
+    out = {"rule": CALIBRATION_RULE, "alpha": alpha, "tickets": min(len(v) for v in tickets.values()), "texts": texts}
+    hurt = [(i, t) for t, i in flat if texts[t]["hurts"][i]]
     if hurt:
         return {"verdict": "WORSE", **out, "reasons": [
-            f"draw {i}, {t}: (draw - RTN) {_pct(draws[i][t])} lies above zero and the rounding band's upper edge "
-            f"{bands[t]['hi']:+.3%}" for i, t in hurt]}
-    short = [(i, t) for t, v in texts.items() for i, h in enumerate(v["helps"]) if not h]
+            f"draw {i}, {t}: (draw - RTN) {draws[i][t]['value']:+.3%} lies above the tickets: Holm-adjusted "
+            f"p_hurts {texts[t]['p_hurts_holm'][i]:.3g} <= {alpha}" for i, t in hurt]}
+    short = [(i, t) for t, i in flat if not texts[t]["helps"][i]]
     if not short:
         return {"verdict": "ACCEPTED", **out, "reasons": [
-            f"all {len(draws)} draws beat round-to-nearest beyond zero and the rounding band on every text"]}
+            f"all {len(draws)} draws beat the lottery tickets on every text at alpha {alpha} "
+            f"(largest p_helps {max(max(v['p_helps']) for v in texts.values()):.3g})"]}
     return {"verdict": "NOT SHOWN", **out, "reasons": [
-        f"draw {i}, {t}: (draw - RTN) {_pct(draws[i][t])} does not lie below {texts[t]['helps_below']:+.3%} "
-        f"(zero and the rounding band's lower edge)" for i, t in short]}
-
-
-def _pct(c: dict) -> str:
-    return f"{c['value']:+.3%} [{c['lo']:+.3%}, {c['hi']:+.3%}]"
+        f"draw {i}, {t}: (draw - RTN) {draws[i][t]['value']:+.3%}, p_helps {texts[t]['p_helps'][i]:.3g} > {alpha}"
+        for i, t in short]}

@@ -1,6 +1,6 @@
 """Quantise a transformers-5 MoE model onto int4-b32.
 
-    layout.py      where each architecture keeps its pieces (LAYOUT, ATTN_PROJ), `Scheme`
+    layout.py      where each architecture keeps its pieces (read from its int4lab.archs record), `Scheme`
     modules.py     `Int4Linear`, `Int4Experts` (CPU reference decode or the Triton kernels)
     hessian.py     the one Hessian hook (GPTQ here, chapter 02 through `lab.chapters.calib`)
     driver.py      `quantize_model`: round-to-nearest, dithered round-to-nearest, sequential GPTQ

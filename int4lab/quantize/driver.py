@@ -26,11 +26,12 @@ import torch
 
 from .._checks import check_finite, check_k, check_module, check_positive_int, check_tensor
 from ..format import BLOCK, block_scales, check_scale_range, pack_codes, pack_int4_b32
-from .hessian import attn_key, expert_key, hessian_hooks
-from .layout import (ATTN_PROJ, LAYOUT, Scheme, attention, decoder_layers, experts_of, input_device, model_arch,
-                     moe_block)
 from .dither import DitherStream, dither_noise
+from .hessian import attn_key, expert_key, hessian_hooks, shared_key
+from .layout import (ATTN_PROJ, Scheme, attention, decoder_layers, experts_of, input_device, model_arch,
+                     set_experts, shared_expert, shared_proj)
 from .modules import Int4Experts, Int4Linear, check_experts_k, restored_on_failure
+from .placement import expert_chunk, layer_device, onload, sync, to_device
 
 
 @dataclass
@@ -39,6 +40,7 @@ class QuantReport:
     scheme: Scheme
     layers: int = 0
     experts_modules: int = 0
+    shared_modules: int = 0                   # shared experts (dense MLPs beside the routed ones) quantised
     attn_modules: int = 0
     lm_head: bool = False
     gptq_experts: int = 0                     # (layer, expert) pairs packed with GPTQ
@@ -89,14 +91,23 @@ def _progress(it, on, desc):
     return tqdm(it, desc=desc, leave=False)
 
 
-def _swap_attn(attn, act, packers=None):
-    for name in ATTN_PROJ:
+def _swap_linears(parent, names, act, packers=None):
+    for name in names:
         packer = None if packers is None else packers[name]
-        setattr(attn, name, Int4Linear.from_linear(getattr(attn, name), act, packer))
+        setattr(parent, name, Int4Linear.from_linear(getattr(parent, name), act, packer))
 
 
-def _set_experts(layer, arch, new):
-    setattr(moe_block(layer, arch), LAYOUT[arch]["experts"], new)
+def _swap_attn(attn, act, packers=None):
+    _swap_linears(attn, ATTN_PROJ, act, packers)
+
+
+def _swap_shared(layer, arch, act, packers) -> int:
+    """Quantise a layer's shared expert (a dense MLP every token passes through) with the routed experts;
+    its sigmoid gate, like the router, stays in full precision. Returns 1 when there was one, else 0."""
+    names = shared_proj(layer, arch)
+    if names:
+        _swap_linears(shared_expert(layer, arch), names, act, packers)
+    return int(bool(names))
 
 
 def check_unquantised(name: str, model) -> None:
@@ -120,14 +131,15 @@ def quantize_model(model, scheme: str = "rtn", targets: str = "experts", act: st
     by dither_seed); "gptq" needs calib_ids (int64 [B, T]) and packs with `int4lab.gptq.gptq_pack_int4_b32`,
     calibrated layer by layer (see module docstring). Experts with fewer than min_rows routed calibration rows
     (default None: max(H, I), the K of their widest input) fall back to round-to-nearest, listed in the report.
-    targets: "experts" or "experts+attn". act: "int8" (W4A8) or "bf16" (W4A16). lm_head=True packs the
-    lm_head round-to-nearest (never calibrated). The router is never quantised.
+    targets: "experts" (with a shared expert's projections, where the architecture has one) or "experts+attn".
+    act: "int8" (W4A8) or "bf16" (W4A16). lm_head=True packs the lm_head round-to-nearest (never calibrated).
+    The router (and a shared expert's gate) is never quantised.
 
     The report's `timing` holds one dict per layer, in seconds (synchronised on CUDA): round-to-nearest
     {"layer", "pack_s"}; GPTQ {"layer", "calib_s" (the hooked forward that fills the Hessians), "attn_pack_s",
     "experts_pack_s", "propagate_s" (the forward that feeds the next layer), "gptq_matrices" (expert
     matrices packed with GPTQ), "rtn_matrices"}. A layer's experts are packed in batches
-    (`gptq_pack_int4_b32_experts`), as many experts at once as `_expert_chunk` allows.
+    (`gptq_pack_int4_b32_experts`), as many experts at once as `expert_chunk` allows.
     """
     sch = Scheme(scheme, targets, act, lm_head)
     arch = model_arch(model)
@@ -176,30 +188,11 @@ def quantize_model(model, scheme: str = "rtn", targets: str = "experts", act: st
     return model, rep
 
 
-def _sync(dev) -> None:
-    if torch.device(dev).type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def _budget_bytes(dev) -> int:
-    """Scratch memory one batch of experts may use: a quarter of the free GPU memory, at most 16 GiB (a
-    layer's experts at once on an H200, a few at a time on a small card); 2 GiB on the host."""
-    dev = torch.device(dev)
-    if dev.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(dev)
-        return int(min(free // 4, 16 << 30))
-    return 2 << 30
-
-
-def _expert_chunk(per_expert_bytes: int, dev) -> int:
-    return max(1, _budget_bytes(dev) // max(1, per_expert_bytes))
-
-
 def _pack_experts_rtn(w: torch.Tensor, pack, chunk: int | None = None):
     """Round-to-nearest pack of w [E, N, K] a few experts at a time: the float32 copy `pack` needs never
     holds the whole layer (Mixtral: 5.6 GB per layer in float32)."""
     E, N, K = w.shape
-    chunk = chunk or _expert_chunk(4 * 4 * N * K, w.device)          # w, w / s, the noise, scratch (float32)
+    chunk = chunk or expert_chunk(4 * 4 * N * K, w.device)          # w, w / s, the noise, scratch (float32)
     if chunk >= E:
         return pack(w.detach().float())
     parts = [pack(w[e:e + chunk].detach().float()) for e in range(0, E, chunk)]
@@ -208,59 +201,22 @@ def _pack_experts_rtn(w: torch.Tensor, pack, chunk: int | None = None):
 
 def _quantize_layer_rtn(layer, arch, sch, rep, pack, li=0):
     t0 = time.perf_counter()
-    _onload(layer)
+    onload(layer)
     ex = experts_of(layer, arch)
     if ex is not None:
         check_experts_k(ex)
         # a few experts at a time; a dithered pack's stream runs on across the chunks in order
         gu = _pack_experts_rtn(ex.gate_up_proj, pack)
         dn = _pack_experts_rtn(ex.down_proj, pack)
-        _set_experts(layer, arch, Int4Experts.from_experts(ex, sch.act, gu, dn))
+        set_experts(layer, arch, Int4Experts.from_experts(ex, sch.act, gu, dn))
         rep.experts_modules += 1
+        rep.shared_modules += _swap_shared(layer, arch, sch.act, {p: pack for p in shared_proj(layer, arch)})
     if sch.targets == "experts+attn":
         _swap_attn(attention(layer, arch), sch.act, {p: pack for p in ATTN_PROJ})
         rep.attn_modules += 1
-    dev = _layer_device(layer)
-    _sync(dev)
+    dev = layer_device(layer)
+    sync(dev)
     rep.timing.append({"layer": li, "pack_s": time.perf_counter() - t0})
-
-
-def _onload(layer) -> None:
-    """Put an accelerate-offloaded layer (device_map with "cpu"/"disk": weights on the meta device, fetched
-    by a hook for each forward) on its execution device for good. Packing reads the weights outside any
-    forward, and what stays on the GPU is the int4 layer, ~3.5x smaller than the bf16 one offloading kept
-    on the host. Layers accelerate placed on a GPU are left as they are."""
-    from accelerate.hooks import AlignDevicesHook, SequentialHook, remove_hook_from_module
-    from accelerate.utils import set_module_tensor_to_device
-    for mod in list(layer.modules()):
-        hook = getattr(mod, "_hf_hook", None)
-        hooks = hook.hooks if isinstance(hook, SequentialHook) else [hook]
-        off = [h for h in hooks if isinstance(h, AlignDevicesHook) and h.offload]
-        if not off:
-            continue
-        h = off[0]
-        names = [n for n, _ in mod.named_parameters(recurse=False)]
-        if h.offload_buffers:
-            names += [n for n, _ in mod.named_buffers(recurse=False)]
-        # The hook goes first: detaching it puts each tensor back on the device it had before dispatch
-        # (the host, where transformers loads "cpu" entries), which would undo the placement below.
-        remove_hook_from_module(mod)
-        for n in names:
-            set_module_tensor_to_device(mod, n, h.execution_device, value=h.weights_map[n])
-
-
-def _layer_device(layer):
-    return next(layer.parameters(), next(layer.buffers(), torch.empty(0))).device
-
-
-def _to(obj, dev):
-    if isinstance(obj, torch.Tensor):
-        return obj.to(dev)
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_to(o, dev) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _to(v, dev) for k, v in obj.items()}
-    return obj
 
 
 class _Stop(Exception):
@@ -298,6 +254,7 @@ def _hessian_bytes(layer, arch, attn: bool) -> int:
     if ex is not None:
         E, I2, H = ex.gate_up_proj.shape
         n += E * (H * H + (I2 // 2) ** 2)
+        n += sum(getattr(shared_expert(layer, arch), p).in_features ** 2 for p in shared_proj(layer, arch))
     if attn:
         at = attention(layer, arch)
         n += sum(getattr(at, p).in_features ** 2 for p in ATTN_PROJ)
@@ -322,7 +279,7 @@ def _pack_experts_gptq(w, accs, keys, cal, need_rtn, damp, blocksize):
     packed = torch.empty(E, N, K // 2, dtype=torch.uint8, device=dev)
     scales = torch.empty(E, N, K // BLOCK, dtype=torch.float16, device=dev)
     # per expert: H, its damped copy, the factor and its inverse (K x K), the float32 weight and scratch (N x K)
-    chunk = _expert_chunk(4 * (4 * K * K + 4 * N * K), dev)
+    chunk = expert_chunk(4 * (4 * K * K + 4 * N * K), dev)
     for i in range(0, len(cal), chunk):
         ids = cal[i:i + chunk]
         idx = torch.tensor(ids, device=dev)
@@ -349,8 +306,8 @@ def _quantize_gptq(model, layers, arch, sch, rep, calib_ids, min_rows, damp, blo
 
     attn = sch.targets == "experts+attn"
     for li, layer in enumerate(_progress(layers, progress, "gptq layers")):
-        _onload(layer)
-        dev = _layer_device(layer)
+        onload(layer)
+        dev = layer_device(layer)
         ex = experts_of(layer, arch)
         hdev = _hessian_device(layer, arch, attn, dev)
         rep.hessian_device.append(str(hdev))
@@ -358,15 +315,15 @@ def _quantize_gptq(model, layers, arch, sch, rep, calib_ids, min_rows, damp, blo
         t0 = time.perf_counter()
         with hessian_hooks(model, layers=[li], attn=attn, device=hdev) as accs:
             for hs, kw in batches:
-                layer(_to(hs, dev), **_to(kw, dev))
-        _sync(dev)
+                layer(to_device(hs, dev), **to_device(kw, dev))
+        sync(dev)
         t["calib_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         if attn:
             _swap_attn(attention(layer, arch), sch.act,
                        {p: (lambda w, a=accs[attn_key(li, p)]: gptq(w, a)) for p in ATTN_PROJ})
             rep.attn_modules += 1
-        _sync(dev)
+        sync(dev)
         t["attn_pack_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         if ex is not None:
@@ -386,15 +343,17 @@ def _quantize_gptq(model, layers, arch, sch, rep, calib_ids, min_rows, damp, blo
             dn = _pack_experts_gptq(ex.down_proj, accs, {e: expert_key(li, e, "down") for e in cal},
                                     cal, fb, damp, blocksize)
             rep.rows.append(rows)
-            _set_experts(layer, arch, Int4Experts.from_experts(ex, sch.act, gu, dn))
+            set_experts(layer, arch, Int4Experts.from_experts(ex, sch.act, gu, dn))
             rep.experts_modules += 1
+            rep.shared_modules += _swap_shared(layer, arch, sch.act, {
+                p: (lambda w, a=accs[shared_key(li, p)]: gptq(w, a)) for p in shared_proj(layer, arch)})
             t["gptq_matrices"], t["rtn_matrices"] = 2 * len(cal), 2 * len(fb)
         del accs
-        _sync(dev)
+        sync(dev)
         t["experts_pack_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         # The next layer sees this layer's quantised outputs.
-        batches = [(layer(_to(hs, dev), **_to(kw, dev)), kw) for hs, kw in batches]
-        _sync(dev)
+        batches = [(layer(to_device(hs, dev), **to_device(kw, dev)), kw) for hs, kw in batches]
+        sync(dev)
         t["propagate_s"] = time.perf_counter() - t0
         rep.timing.append(t)

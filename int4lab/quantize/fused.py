@@ -24,7 +24,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ..archs import arch_of
 from .layout import attention as attention_of, decoder_layers, model_arch, moe_block
+from .layout import router as router_of
 from .modules import Int4Linear, _Int4Module
 
 
@@ -164,7 +166,6 @@ def fuse_decode(model, *, qkv: bool = True, router: bool = True, norms: bool = T
     """Fuse `model` in place (module doc); returns it, with `model.int4_fused` counting what was fused."""
     from .fused_attention import fuse_attention
     from .fused_layer import fuse_layer
-    from .layout import LAYOUT
     arch = model_arch(model)
     done = {"qkv": 0, "router": 0, "norms": 0, "attention": 0, "add_norm": 0, "left": []}
     layers = decoder_layers(model)
@@ -172,11 +173,12 @@ def fuse_decode(model, *, qkv: bool = True, router: bool = True, norms: bool = T
         if qkv:
             done["qkv"] += fuse_qkv(attention_of(layer, arch))
         if attention:
-            done["attention"] += fuse_attention(layer, LAYOUT[arch]["attn"])
+            done["attention"] += fuse_attention(layer, arch_of(model).layout.attn)
         moe = moe_block(layer, arch)
-        if router and moe is not None and not isinstance(moe.gate, FusedRouter):
+        gate = router_of(layer, arch)
+        if router and moe is not None and not isinstance(gate, FusedRouter):
             try:
-                moe.gate = FusedRouter.from_router(moe.gate)
+                setattr(moe, arch_of(model).layout.router, FusedRouter.from_router(gate))
                 done["router"] += 1
             except ValueError as e:
                 done["left"].append(f"layer {li} router: {e}")

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..gptq import HessianAccumulator
-from .layout import ATTN_PROJ, attention, decoder_layers, experts_of, model_arch
+from .layout import ATTN_PROJ, attention, decoder_layers, experts_of, model_arch, shared_expert, shared_proj
 
 
 def attn_key(layer: int, proj: str) -> str:
@@ -25,6 +25,10 @@ def attn_key(layer: int, proj: str) -> str:
 
 def expert_key(layer: int, expert: int, which: str) -> str:
     return f"layers.{layer}.experts.{expert}.{which}"
+
+
+def shared_key(layer: int, proj: str) -> str:
+    return f"layers.{layer}.shared_expert.{proj}"
 
 
 @contextlib.contextmanager
@@ -72,6 +76,9 @@ def hessian_hooks(model, layers=None, attn: bool = True, experts: bool = True, d
         ex = experts_of(layer, arch)
         if experts and ex is not None:
             handles.append(ex.register_forward_pre_hook(experts_hook(li), with_kwargs=True))
+            for p in shared_proj(layer, arch):          # a shared expert sees every row: a plain linear's hook
+                mod = getattr(shared_expert(layer, arch), p)
+                handles.append(mod.register_forward_pre_hook(attn_hook(shared_key(li, p))))
     try:
         yield accs
     finally:

@@ -1,10 +1,13 @@
-"""Where each supported MoE architecture keeps its pieces, and what a quantisation scheme names.
+"""Where each supported MoE architecture keeps its pieces (read from its `int4lab.archs` record), and what a
+quantisation scheme names.
 
 transformers 5 stores each MoE layer's experts as fused 3-D parameters (`<Arch>Experts`):
     gate_up_proj [E, 2I, H]  (gate rows first, then up rows)      down_proj [E, H, I]
 and calls `experts(hidden [R, H], top_k_index [R, k], top_k_weights [R, k])`. The router (`mlp.gate`)
-is a plain module holding a weight, not an `nn.Linear`; attention q/k/v/o are `nn.Linear`.
-Shape legend: E = experts, H = hidden size, I = expert intermediate size, R = rows (tokens).
+is a plain module holding a weight, not an `nn.Linear`; attention q/k/v/o are `nn.Linear`, and so are a
+shared expert's projections (Qwen2-MoE: `mlp.shared_expert.{gate,up,down}_proj`, [S, H] / [H, S]).
+Shape legend: E = experts, H = hidden size, I = expert intermediate size, S = shared expert intermediate size,
+R = rows (tokens).
 """
 from __future__ import annotations
 
@@ -13,16 +16,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from ..archs import ARCHS, Arch, get
+
 SCHEMES = ("rtn", "gptq")
 TARGETS = ("experts", "experts+attn")
 ACTS = ("int8", "bf16")
 
-# transformers 5 happens to use the same names for all three; a new architecture is one more row here.
-LAYOUT = {
-    "mixtral": dict(layers="model.layers", attn="self_attn", moe="mlp", router="gate", experts="experts"),
-    "olmoe": dict(layers="model.layers", attn="self_attn", moe="mlp", router="gate", experts="experts"),
-    "qwen3_moe": dict(layers="model.layers", attn="self_attn", moe="mlp", router="gate", experts="experts"),
-}
+# name -> `int4lab.archs.Arch` (its `layout` field says where each piece sits)
+LAYOUT = ARCHS
 ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -48,39 +49,71 @@ class Scheme:
 
 
 def model_arch(model) -> str:
-    """The LAYOUT key of a transformers causal-LM, or ValueError naming the supported ones."""
-    mt = getattr(getattr(model, "config", None), "model_type", None)
-    if mt not in LAYOUT:
-        raise ValueError(f"unsupported architecture {mt!r}: int4lab handles {tuple(LAYOUT)} "
-                         "(transformers 5 fused-expert MoE models)")
-    return mt
+    """The architecture name (an `int4lab.archs` key) of a transformers causal-LM, or ValueError naming the
+    supported ones."""
+    return get(getattr(getattr(model, "config", None), "model_type", None)).name
 
 
-def _get(obj, dotted: str):
+def module_at(obj, dotted: str):
+    """obj.a.b.c for dotted "a.b.c" (the record's paths, e.g. layout.layers = "model.layers")."""
     for part in dotted.split("."):
         obj = getattr(obj, part)
     return obj
 
 
+def _arch(arch) -> Arch:
+    return arch if isinstance(arch, Arch) else get(arch)
+
+
 def decoder_layers(model) -> nn.ModuleList:
-    return _get(model, LAYOUT[model_arch(model)]["layers"])
+    return module_at(model, get(model_arch(model)).layout.layers)
 
 
-def attention(layer, arch: str) -> nn.Module:
-    return getattr(layer, LAYOUT[arch]["attn"])
+def attention(layer, arch) -> nn.Module:
+    return getattr(layer, _arch(arch).layout.attn)
 
 
-def moe_block(layer, arch: str):
+def moe_block(layer, arch):
     """The sparse MoE block of a layer, or None (Qwen3-MoE may keep some layers dense: mlp_only_layers)."""
-    lay = LAYOUT[arch]
-    mlp = getattr(layer, lay["moe"])
-    return mlp if hasattr(mlp, lay["experts"]) else None
+    lay = _arch(arch).layout
+    mlp = getattr(layer, lay.moe)
+    return mlp if hasattr(mlp, lay.experts) else None
 
 
-def experts_of(layer, arch: str):
+def experts_of(layer, arch):
     """The fused experts module of a layer, or None for a dense layer."""
     moe = moe_block(layer, arch)
-    return None if moe is None else getattr(moe, LAYOUT[arch]["experts"])
+    return None if moe is None else getattr(moe, _arch(arch).layout.experts)
+
+
+def set_experts(layer, arch, new) -> None:
+    """Put `new` where the layer's fused experts are."""
+    setattr(moe_block(layer, arch), _arch(arch).layout.experts, new)
+
+
+def shared_expert(layer, arch):
+    """The dense MLP beside a layer's routed experts (Qwen2-MoE), or None."""
+    lay = _arch(arch).layout
+    moe = moe_block(layer, arch)
+    return None if moe is None or lay.shared_expert is None else getattr(moe, lay.shared_expert)
+
+
+def shared_gate(layer, arch):
+    """The nn.Linear [1, H] whose sigmoid scales the shared expert's output (Qwen2-MoE), or None."""
+    lay = _arch(arch).layout
+    moe = moe_block(layer, arch)
+    return None if moe is None or lay.shared_gate is None else getattr(moe, lay.shared_gate)
+
+
+def shared_proj(layer, arch) -> tuple:
+    """The shared expert's projection names (() without one); each is an nn.Linear of `shared_expert`."""
+    return _arch(arch).layout.shared_proj if shared_expert(layer, arch) is not None else ()
+
+
+def router(layer, arch):
+    """The router module of a layer's MoE block (None for a dense layer)."""
+    moe = moe_block(layer, arch)
+    return None if moe is None else getattr(moe, _arch(arch).layout.router)
 
 
 def input_device(model):

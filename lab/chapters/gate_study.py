@@ -1,20 +1,24 @@
-"""Chapter 04: the gate receipts shaped for reading. Every arm against its source, the draws of one calibration
-method side by side, the rounding band of the lottery tickets, and the calibration judgement derived again from
-the intervals the receipt stores.
+"""Chapter 04: the gate receipts shaped for reading. Every arm against its source (its verdict on held-out
+documents), the draws of one calibration method side by side, the rounding band of the lottery tickets with its
+edges' uncertainty, the calibration test, the arm chosen on development documents, each derived again from what
+the receipt stores; and the comparison of a live re-run with the receipt at a stated tolerance.
 
-Nothing here measures. Every function reads gate receipts (data/receipts/gate_<model>.json, written by
-`python -m int4lab.gate --model <model> --scheme rtn gptq --threads 1 --out data/receipts/gate_<model>.json`)
-and reshapes or re-checks them. All figures are relative perplexity changes (ppl_a / ppl_b - 1), paired on the
-same documents, with 95 % bootstrap intervals over documents (`int4lab.gate.stats`).
+Nothing here measures, except `rerun_ticket` (the live re-run). Every other function reads gate receipts
+(data/receipts/gate_<model>.json, written by `regenerate(model)`) and reshapes or re-checks them. All figures
+are relative perplexity changes (ppl_a / ppl_b - 1), paired on the same documents, with 95 % bootstrap intervals
+over documents (`int4lab.gate.stats`): pairing removes the variance the two arms share, and the interval of a
+paired change is the text-sampling noise of that change.
 
-Receipt fields read: texts[t] {docs, tokens, tokens_sha, source_ppl}; arms[name] {kind, texts[t] {rel, kl, kl_p99,
-top1: {value, lo, hi}, ppl, tokens}, verdict {verdict, below_source, tokens_needed}, vs_twin[t] {value, lo, hi}};
-lottery[base] {tickets, texts[t] {cis, values, band {lo, hi, q}}}; calibration[scheme] {draws, twin, gains
-[{t: {value, lo, hi}}], judgement {verdict, reasons, rule, texts}}.
+Receipt fields read: texts[t] {docs, tokens, tokens_sha, source_ppl}; split {seed, rule, texts[t] {dev,
+held_out}}; arms[name] {kind, texts[t] / dev[t] / held_out[t] {rel, kl, top1: {value, lo, hi}, ppl, tokens, docs},
+verdict {verdict, below_source, tokens_needed}, vs_twin[t] {value, lo, hi}}; lottery[base] {tickets, texts[t]
+{cis, values, band {lo, hi, q, level, lo_ci, hi_ci}}}; calibration[scheme] {draws, twin, gains [{t: {value, lo,
+hi}}], judgement {verdict, reasons, rule, alpha, tickets, texts[t] {p_helps, p_hurts, p_hurts_holm, rank_p_helps,
+helps, hurts}}}; choice {chosen, score, rule, held_out, verdict}.
 """
 from __future__ import annotations
 
-from int4lab.gate import calibration_judgement, rounding_band, verdict
+from int4lab.gate import calibration_judgement, choose, rounding_band, verdict
 from int4lab.gate.table import fallback_note
 from lab.paths import RECEIPTS
 from lab.provenance import read_receipt
@@ -22,18 +26,27 @@ from lab.provenance import read_receipt
 RTN = "rtn/experts/W4A8"            # the round-to-nearest arm of the experts-only W4A8 scheme
 GPTQ = "gptq/experts/W4A8"          # its calibrated scheme; arms "gptq/experts/W4A8 draw#s"
 SCORED = "every arm on every document"
+RERUN_FRACTION = 0.05               # a live re-run reproduces an interval within this fraction of its half-width
+
+
+def regenerate(a: str) -> str:
+    """The command that writes data/receipts/gate_<a>.json."""
+    return (f"python -m lab.gate --model {a} --scheme rtn gptq --lottery 16 --threads 1 "
+            f"--out data/receipts/gate_{a}.json")
 
 
 def load(archs) -> dict:
-    """{arch: receipt} of data/receipts/gate_<arch>.json. ValueError for a receipt from a gate that scored some
-    arms on a subset of documents (it names the command that regenerates it)."""
+    """{arch: receipt} of data/receipts/gate_<arch>.json. ValueError for a receipt from an older gate (some arms
+    on a subset of documents, or no development / held-out split), naming the command that regenerates it."""
     out = {}
     for a in archs:
         r = read_receipt(RECEIPTS / f"gate_{a}.json")
         if r.get("settings", {}).get("scored") != SCORED:
             raise ValueError(f"data/receipts/gate_{a}.json scored some arms on a subset of documents (an older "
-                             f"gate): regenerate it with `python -m int4lab.gate --model {a} --scheme rtn gptq "
-                             f"--threads 1 --out data/receipts/gate_{a}.json`")
+                             f"gate): regenerate it with `{regenerate(a)}`")
+        if "split" not in r or "choice" not in r:
+            raise ValueError(f"data/receipts/gate_{a}.json has no development / held-out split (an older gate): "
+                             f"regenerate it with `{regenerate(a)}`")
         out[a] = r
     return out
 
@@ -60,46 +73,57 @@ def kl(c: dict) -> str:
     return f"{c['value']:.4f} [{c['lo']:.4f}, {c['hi']:.4f}]"
 
 
+def edge(v) -> str:
+    """A band edge's CI bound: None is 'beyond the tickets' (too few tickets to bound that side)."""
+    return "beyond the tickets" if v is None else f"{v:+.2%}"
+
+
 def arm_rows(receipts: dict) -> list[dict]:
-    """One row per (model, arm, text): the change against the source with its CI, KL with its CI, the verdict."""
+    """One row per (model, arm, text): the change against the source with its CI on all documents and on the
+    held-out documents, KL with its CI (held-out), the verdict (held-out)."""
     rows = []
     for a, r in receipts.items():
         for name, arm in r["arms"].items():
             for t, c in arm["texts"].items():
+                h = arm["held_out"][t]
                 rows.append({"model": a, "arm": name, "kind": arm["kind"], "text": t, "tokens": c["tokens"],
-                             "docs": c["docs"], "ppl": c["ppl"], "Δ": c["rel"]["value"], "lo": c["rel"]["lo"],
-                             "hi": c["rel"]["hi"], "half-width": (c["rel"]["hi"] - c["rel"]["lo"]) / 2,
-                             "KL": c["kl"]["value"], "KL lo": c["kl"]["lo"], "KL hi": c["kl"]["hi"],
-                             "KL p99": c["kl_p99"]["value"], "top-1": c["top1"]["value"],
+                             "docs": c["docs"], "held-out docs": h["docs"], "ppl": c["ppl"],
+                             "Δ all": c["rel"]["value"], "Δ": h["rel"]["value"], "lo": h["rel"]["lo"],
+                             "hi": h["rel"]["hi"], "half-width": (h["rel"]["hi"] - h["rel"]["lo"]) / 2,
+                             "KL": h["kl"]["value"], "KL lo": h["kl"]["lo"], "KL hi": h["kl"]["hi"],
+                             "KL p99": c["kl_p99"]["value"], "top-1": h["top1"]["value"],
                              "scored": arm["scored"], "verdict": arm["verdict"]["verdict"],
                              "tokens to decide": arm["verdict"]["tokens_needed"].get(t),
-                             "Δ [95% CI]": pct(c["rel"]), "KL [95% CI]": kl(c["kl"])})
+                             "Δ all docs [95% CI]": pct(c["rel"]), "Δ held-out [95% CI]": pct(h["rel"]),
+                             "KL held-out [95% CI]": kl(h["kl"])})
     return rows
 
 
 def verdicts_rederived(receipts: dict) -> list[tuple[str, str]]:
-    """(model, arm) whose stored verdict differs from `gate.verdict` applied again to its stored CIs (want [])."""
+    """(model, arm) whose stored verdict differs from `gate.verdict` applied again to its stored held-out CIs
+    (want [])."""
     return [(a, n) for a, r in receipts.items() for n, arm in r["arms"].items()
-            if arm["verdict"] != verdict(arm["texts"], r["budget"])]
+            if arm["verdict"] != verdict(arm["held_out"], r["budget"])]
 
 
 def below_source(receipts: dict) -> list[dict]:
-    """Every (model, arm, text) whose Δ CI lies wholly below zero, with its KL, and the same arm on the other texts."""
+    """Every (model, arm, text) whose held-out Δ CI lies wholly below zero, with its KL, whether the verdict
+    flags it, and the same arm on the other texts."""
     out = []
     for a, r in receipts.items():
         for name, arm in r["arms"].items():
-            for t, c in arm["texts"].items():
+            for t, c in arm["held_out"].items():
                 if c["rel"]["hi"] < 0:
                     out.append({"model": a, "arm": name, "text": t, "rel": c["rel"], "kl": c["kl"],
                                 "flagged": t in arm["verdict"]["below_source"],
-                                "other texts": {u: d for u, d in arm["texts"].items() if u != t}})
+                                "other texts": {u: d for u, d in arm["held_out"].items() if u != t}})
     return out
 
 
 def draw_rows(receipts: dict, scheme: str = GPTQ) -> list[dict]:
-    """One row per (model, draw, text): the draw against the source [CI] and its verdict; the draw against its
-    round-to-nearest twin on the same documents [CI] (negative = better than RTN); the twin's rounding band;
-    whether the judgement counts the draw as helping or hurting on that text."""
+    """One row per (model, draw, text): the draw against the source [CI] on held-out documents and its verdict;
+    the draw against its round-to-nearest twin on all documents [CI] (negative = better than RTN); the twin's
+    rounding band; the calibration test's p-values and whether it counts the draw as helping or hurting."""
     rows = []
     for a, r in receipts.items():
         c = field(receipts, a, "calibration", scheme)
@@ -108,18 +132,18 @@ def draw_rows(receipts: dict, scheme: str = GPTQ) -> list[dict]:
         for i, (name, g) in enumerate(zip(c["draws"], c["gains"])):
             arm = r["arms"][name]
             for t, d in g.items():
-                s = arm["texts"][t]
+                s, b = arm["held_out"][t], lot[t].get("band")
                 rows.append({"model": a, "draw": name, "text": t, "vs source": s["rel"]["value"],
                              "vs source lo": s["rel"]["lo"], "vs source hi": s["rel"]["hi"],
-                             "Δ vs source [CI]": pct(s["rel"]), "verdict": arm["verdict"]["verdict"],
+                             "Δ held-out [CI]": pct(s["rel"]), "verdict": arm["verdict"]["verdict"],
                              "RTN fallback": fallback_note(arm).strip(" ()") or "none",
-                             "KL": s["kl"]["value"], "KL [CI]": kl(s["kl"]),
+                             "KL": arm["texts"][t]["kl"]["value"], "KL [CI]": kl(arm["texts"][t]["kl"]),
                              "RTN KL": r["arms"][c["twin"]]["texts"][t]["kl"]["value"],
                              "GPTQ − RTN": d["value"], "lo": d["lo"], "hi": d["hi"], "GPTQ − RTN [CI]": pct(d),
-                             "band lo": lot[t]["band"]["lo"], "band hi": lot[t]["band"]["hi"],
-                             "band": f"{lot[t]['band']['lo']:+.2%} .. {lot[t]['band']['hi']:+.2%}",
-                             "helps": jt[t]["helps"][i] if t in jt else None,
-                             "hurts": jt[t]["hurts"][i] if t in jt else None})
+                             "band lo": b["lo"] if b else None, "band hi": b["hi"] if b else None,
+                             "band": f"{b['lo']:+.2%} .. {b['hi']:+.2%}" if b else "–",
+                             **{k: jt[t][k][i] if t in jt else None
+                                for k in ("p_helps", "p_hurts_holm", "rank_p_helps", "helps", "hurts")}})
     return rows
 
 
@@ -128,9 +152,9 @@ def _overlap(x: dict, y: dict) -> bool:
 
 
 def draw_spread(receipts: dict, scheme: str = GPTQ) -> list[dict]:
-    """Per (model, text): where the draws of one method land against the source. "lowest" / "highest" are the
-    draws' point values, "range" their difference, "widest half-width" the largest of the draws' own CI
-    half-widths, "disjoint pairs" the pairs of draws whose CIs do not overlap (they differ beyond their CIs)."""
+    """Per (model, text): where the draws of one method land against the source on all documents. "lowest" /
+    "highest" are the draws' point values, "range" their difference, "widest half-width" the largest of the
+    draws' own CI half-widths, "disjoint pairs" the pairs of draws whose CIs do not overlap."""
     out = []
     for a, r in receipts.items():
         names = field(receipts, a, "calibration", scheme, "draws")
@@ -148,34 +172,69 @@ def draw_spread(receipts: dict, scheme: str = GPTQ) -> list[dict]:
 
 
 def band_rows(receipts: dict, base: str = RTN) -> list[dict]:
-    """Per (model, text): each ticket's (ticket - RTN) paired change with its CI, the stored rounding band and
-    the band computed again from the stored ticket values by `gate.rounding_band`."""
+    """Per (model, text): the tickets' (ticket - RTN) paired changes, the stored rounding band with the CIs of
+    its edges, and the band computed again from the stored ticket values by `gate.rounding_band`."""
     rows = []
     for a in receipts:
         lot = field(receipts, a, "lottery", base)
         for t, v in lot["texts"].items():
-            again = rounding_band(v["values"], v["band"]["q"])
-            rows.append({"model": a, "text": t, "tickets": len(lot["tickets"]),
-                         "ticket − RTN [CI]": "; ".join(pct(c) for c in v["cis"]),
-                         "values": v["values"], "band lo": v["band"]["lo"], "band hi": v["band"]["hi"],
-                         "band": f"{v['band']['lo']:+.2%} .. {v['band']['hi']:+.2%}", "q": v["band"]["q"],
-                         "band again": (again["lo"], again["hi"])})
+            b = v["band"]
+            again = rounding_band(v["values"], b["q"], b["level"])
+            rows.append({"model": a, "text": t, "tickets": len(lot["tickets"]), "values": v["values"],
+                         "smallest": min(v["values"]), "largest": max(v["values"]),
+                         "band lo": b["lo"], "band hi": b["hi"], "q": b["q"],
+                         "band": f"{b['lo']:+.2%} .. {b['hi']:+.2%}",
+                         "lower edge CI": f"[{edge(b['lo_ci'][0])}, {edge(b['lo_ci'][1])}]",
+                         "upper edge CI": f"[{edge(b['hi_ci'][0])}, {edge(b['hi_ci'][1])}]",
+                         "same again": again == b})
     return rows
 
 
 def judgement_again(receipt: dict, scheme: str = GPTQ) -> dict:
-    """`gate.calibration_judgement` applied again to the receipt's stored draws (gains) and to rounding bands
-    recomputed from its stored ticket values: it must equal the stored judgement."""
+    """`gate.calibration_judgement` applied again to the receipt's stored draws (gains) and ticket values, at
+    its stored alpha: it must equal the stored judgement."""
     c = receipt["calibration"][scheme]
     lot = receipt["lottery"][c["twin"]]["texts"]
-    bands = {t: rounding_band(v["values"], v["band"]["q"]) for t, v in lot.items()}
-    return calibration_judgement(c["gains"], bands)
+    return calibration_judgement(c["gains"], {t: v["values"] for t, v in lot.items()}, c["judgement"]["alpha"])
+
+
+def choice_again(receipt: dict) -> str:
+    """`gate.choose` applied again to the stored development CIs of every arm but the lottery tickets."""
+    return choose({n: a["dev"] for n, a in receipt["arms"].items() if a["kind"] != "lottery"})["chosen"]
+
+
+def reproduces(live: dict, stored: dict, fraction: float = RERUN_FRACTION) -> dict:
+    """Does a live re-run's {value, lo, hi} reproduce a stored one? Within `fraction` of the stored interval's
+    half-width on each of value, lo and hi: a re-run on another CPU or thread count sums float32 in another
+    order and moves these numbers by about 1e-5, and what the chapter reads from an interval is its position to
+    a small part of its width. {"ok", "tolerance", "max_diff"}."""
+    if not 0 < fraction < 1:
+        raise ValueError(f"fraction must be in (0, 1), got {fraction!r}")
+    tol = fraction * (stored["hi"] - stored["lo"]) / 2
+    diff = max(abs(live[k] - stored[k]) for k in ("value", "lo", "hi"))
+    return {"ok": diff <= tol, "tolerance": tol, "max_diff": diff}
+
+
+def rerun_ticket(arch: str, seed: int, dither: float, docs: list[str], settings: dict, tok, loader) -> dict:
+    """A lottery ticket of `arch` re-packed live from its seed and scored with the source on `docs` with the
+    receipt's window, batch, batch_tokens, n_boot and bootstrap seed (`settings`): {"rel": paired CI,
+    "tokens", "sha"}. loader(arch) -> a fresh float32 source model."""
+    import int4lab as il
+    from int4lab import gate
+    win = gate.Windows(tok, docs, settings["window"])
+    q, _ = il.quantize_model(loader(arch), dither=dither, dither_seed=seed, progress=False)
+    per = gate.score_models({"source": loader(arch), "ticket": q}, win, batch=settings["batch"],
+                            batch_tokens=settings["batch_tokens"])
+    rel = gate.paired_ci(per["ticket"].nll, per["source"].nll, per["source"].doc, n_boot=settings["n_boot"],
+                         seed=settings["seed"])["rel"]
+    return {"rel": rel, "tokens": win.tokens, "sha": win.sha}
 
 
 def plot(receipts: dict, budget: float, fig, scheme: str = GPTQ, base: str = RTN) -> None:
-    """Two rows of panels, one column per model. Top: every arm against the source, Δ ppl % with its 95 % CI per
-    text, the budget dashed. Bottom: each lottery ticket and each GPTQ draw against round-to-nearest (paired, on
-    the same documents) with its CI, per text, the rounding band shaded and zero drawn."""
+    """Two rows of panels, one column per model. Top: every arm against the source on held-out documents, Δ ppl
+    % with its 95 % CI per text, the budget dashed. Bottom: each lottery ticket and each GPTQ draw against
+    round-to-nearest (paired, on all documents) with its CI, per text, the rounding band shaded, the outer
+    bounds of its edges' CIs dotted where the tickets bound them, and zero drawn."""
     import numpy as np
     colors = {"test": "tab:blue", "ood": "tab:orange"}
     axes = fig.subplots(2, len(receipts), squeeze=False)
@@ -183,7 +242,7 @@ def plot(receipts: dict, budget: float, fig, scheme: str = GPTQ, base: str = RTN
         ax = axes[0][k]
         arms = list(r["arms"])
         for j, t in enumerate(r["texts"]):
-            cs = [r["arms"][n]["texts"][t]["rel"] for n in arms]
+            cs = [r["arms"][n]["held_out"][t]["rel"] for n in arms]
             y = np.arange(len(arms)) + (j - 0.5) * 0.3
             v = np.array([c["value"] for c in cs]) * 100
             ax.errorbar(v, y, xerr=[v - [100 * c["lo"] for c in cs], [100 * c["hi"] for c in cs] - v], fmt="o",
@@ -192,7 +251,7 @@ def plot(receipts: dict, budget: float, fig, scheme: str = GPTQ, base: str = RTN
         ax.axvline(0, color="k", lw=0.6)
         ax.set_yticks(range(len(arms)), [n.replace(base, "rtn").replace(scheme, "gptq") for n in arms], fontsize=7)
         ax.invert_yaxis()
-        ax.set_title(f"{a}: arm vs source", fontsize=10)
+        ax.set_title(f"{a}: arm vs source, held-out documents", fontsize=10)
         ax.set_xlabel("Δ perplexity vs source, % (95% CI)", fontsize=8)
 
         ax = axes[1][k]
@@ -206,6 +265,9 @@ def plot(receipts: dict, budget: float, fig, scheme: str = GPTQ, base: str = RTN
             band = lot["texts"][t]["band"]
             ax.fill_betweenx([y[0] - 0.4, y[-1] + 0.4], 100 * band["lo"], 100 * band["hi"], color=colors.get(t),
                              alpha=0.15, lw=0, label=f"rounding band, {t}")
+            for x in (band["lo_ci"][0], band["hi_ci"][1]):
+                if x is not None:
+                    ax.plot([100 * x] * 2, [y[0] - 0.4, y[-1] + 0.4], ls=":", lw=0.8, color=colors.get(t))
             v = np.array([x["value"] for x in cis]) * 100
             ax.errorbar(v, y, xerr=[v - [100 * x["lo"] for x in cis], [100 * x["hi"] for x in cis] - v], fmt="none",
                         ecolor=colors.get(t), capsize=2)

@@ -241,7 +241,7 @@ class Run:
         import torch.nn.functional as F
 
         from int4lab.kernels import int4_linear, moe_decode_step, ops
-        from int4lab.quantize.layout import attention, decoder_layers, experts_of, moe_block
+        from int4lab.quantize.layout import attention, decoder_layers, experts_of, router
         arch, dev = self.arch, self.dev
         q_lay, b_lay = (decoder_layers(self.models[s])[0] for s in ("int4", "bf16"))
         lin, ex = attention(q_lay, arch).q_proj, experts_of(q_lay, arch)
@@ -249,7 +249,7 @@ class Run:
         H = lin.in_features
         x = torch.randn(1, H, device=dev, dtype=torch.bfloat16)
         with torch.no_grad():
-            _, w, ids = moe_block(b_lay, arch).gate(x)
+            _, w, ids = router(b_lay, arch)(x)
         wf = w.float()
 
         def per_call(fn):

@@ -156,7 +156,7 @@ def main(argv=None) -> int:
     ok = True
     old_handler = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))    # `timeout` stops with SIGTERM
     try:
-        todo = [a for a in ORDER if a in args.arch]
+        todo = [a for a in ORDER if a in args.arch] + [a for a in args.arch if a not in ORDER]
         for n, arch in enumerate(todo):
             # an even share of what is left: an architecture that finishes early leaves its time to the next ones
             share = time.time() + (deadline - time.time()) / (len(todo) - n)

@@ -90,10 +90,12 @@ def _module_bytes(m: nn.Module) -> int:
 
 def layer_bytes(model, batch: int, context: int, distinct_experts: float, layer: int = 0) -> dict:
     """Bytes one decode step reads in decoder layer `layer`: attention projections, the routed experts
-    (`distinct_experts` of them, each read once), router, norms, and the KV cache of `context` positions for
-    `batch` sequences (keys and values in the model's dtype). Weights counted from the modules' own tensors,
-    so int4 packs count 0.5 + 2/32 bytes per weight and bf16 weights 2."""
-    from int4lab.quantize.layout import ATTN_PROJ, attention, decoder_layers, experts_of, model_arch, moe_block
+    (`distinct_experts` of them, each read once), a shared expert and its gate (0 without), router, norms,
+    and the KV cache of `context` positions for `batch` sequences (keys and values in the model's dtype).
+    Weights counted from the modules' own tensors, so int4 packs count 0.5 + 2/32 bytes per weight and bf16
+    weights 2."""
+    from int4lab.quantize.layout import (ATTN_PROJ, attention, decoder_layers, experts_of, model_arch, moe_block,
+                                         router as router_of, shared_expert, shared_gate)
     arch = model_arch(model)
     lay = decoder_layers(model)[layer]
     attn = attention(lay, arch)
@@ -106,7 +108,9 @@ def layer_bytes(model, batch: int, context: int, distinct_experts: float, layer:
                 proj += _nbytes(t)
     ex = experts_of(lay, arch)
     per_expert = _module_bytes(ex) / ex.num_experts
-    router = _module_bytes(moe_block(lay, arch).gate)
+    router = _module_bytes(router_of(lay, arch))
+    shared = shared_expert(lay, arch)
+    shared = 0 if shared is None else _module_bytes(shared) + _module_bytes(shared_gate(lay, arch))
     norms = sum(_module_bytes(m) for n, m in lay.named_modules() if "norm" in type(m).__name__.lower()
                 and not any(True for _ in m.children()))
     cfg = model.config
@@ -114,9 +118,9 @@ def layer_bytes(model, batch: int, context: int, distinct_experts: float, layer:
     elem = torch.empty((), dtype=model.dtype).element_size()
     kv = 2 * batch * cfg.num_key_value_heads * head_dim * context * elem
     experts = int(round(per_expert * distinct_experts))
-    out = {"attn_proj": proj, "experts": experts, "router": router, "norms": norms, "kv_cache": kv,
-           "distinct_experts": distinct_experts, "bytes_per_expert": int(per_expert)}
-    out["total"] = proj + experts + router + norms + kv
+    out = {"attn_proj": proj, "experts": experts, "shared_expert": shared, "router": router, "norms": norms,
+           "kv_cache": kv, "distinct_experts": distinct_experts, "bytes_per_expert": int(per_expert)}
+    out["total"] = proj + experts + shared + router + norms + kv
     return out
 
 
@@ -124,12 +128,12 @@ def layer_bytes(model, batch: int, context: int, distinct_experts: float, layer:
 def routing_census(model):
     """Inside this block every router call records the number of distinct experts it routes to; yields the list
     of (layer index, distinct) pairs (a read-back per call: for a census, never inside a timed step)."""
-    from int4lab.quantize import decoder_layers, model_arch, moe_block
+    from int4lab.quantize.layout import decoder_layers, model_arch, router
     arch = model_arch(model)
     seen: list = []
     handles = []
     for i, lay in enumerate(decoder_layers(model)):
-        gate = moe_block(lay, arch).gate
+        gate = router(lay, arch)
 
         def hook(_m, _args, out, i=i):
             idx = out[2] if isinstance(out, tuple) else out

@@ -11,6 +11,7 @@ LAYOUT = (
     ("int4lab/quantize/", "quantize_model: a model's layers, the int4 modules, the Hessian hook, save / load"),
     ("int4lab/gate/", "the perplexity gate: texts, scoring, paired bootstrap, decode parity, lm-eval"),
     ("int4lab/models/", "the small models' configurations, checkpoint and tokenizer loaders"),
+    ("int4lab/archs/", "one record per architecture: module layout, config keys, GGUF names, published configs"),
     ("lab/", "tools run from the repository root: report, real-width run, training, llama.cpp judge, ..."),
     ("lab/bench/", "the timing harness: one CUDA-graph timer, the read floor, peers, paired rounds"),
     ("lab/provenance/", "receipts: the commit and the hash of the code a measurement imported"),

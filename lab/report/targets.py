@@ -6,6 +6,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from int4lab.archs import bench_label
 from lab.bench import peer_table
 from lab.bench.decide import decided
 from lab.bench.schema import DEFAULT_OUT
@@ -212,7 +213,7 @@ def target_definitions() -> str:
     """The targets' names and what each asks, from the limits the checks use (one place: RESULTS.md prints it)."""
     big = ", ".join(f"{N}×{K}" for N, K in BIG_SHAPES)
     leads = " / ".join(f"{v:g}×" for v in MOE_OVER_BF16.values())
-    models = " / ".join(m.capitalize() if m != "olmoe" else "OLMoE" for m in MOE_OVER_BF16)
+    models = " / ".join(bench_label(m) for m in MOE_OVER_BF16)
     tokens = f"{BATCH_TOKENS[0]}–{BATCH_TOKENS[-1]}"
     return "\n".join([
         f"- **{GEMV_FLOOR}**: each big batch-1 GEMV ({big}) takes at most 1.15× its read floor.",
