@@ -47,7 +47,7 @@ def _main(name):
     return importlib.import_module(mod).main
 
 
-G = ["--model", "olmoe", "--max-docs", "10", "--texts", "test"]
+G = ["--model", "olmoe", "--max-docs", "20", "--texts", "test"]
 RSG = ["--arch", "olmoe", "--width", "tiny", "--workdir", "{tmp}/w", "--out", "{tmp}/r.json"]
 DS = ["--arch", "olmoe", "--width", "tiny", "--out", "{tmp}/d.json"]
 
