@@ -102,11 +102,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from int4lab.files import cli_out_ok
     from lab.paths import RUNS
-    out = args.out or RUNS / receipt_name(args.device)
-    if not args.no_write and not cli_out_ok(out):            # before anything is timed
+    bad = [f"{N}x{K}" for N, K in args.shapes or () if N < 1 or K < 32 or K % 32]
+    if bad or args.repeats < 1:
+        print(f"error: --shapes {' '.join(bad)}: N must be >= 1 and K a positive multiple of 32 (int4-b32 blocks)"
+              if bad else f"error: --repeats must be an int >= 1, got {args.repeats}", file=sys.stderr)
         return 2
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("--device cuda: no CUDA device here", file=sys.stderr)
+        print("error: --device cuda: no CUDA device here", file=sys.stderr)
+        return 2
+    out = args.out or RUNS / receipt_name(args.device)
+    if not args.no_write and not cli_out_ok(out):            # before anything is timed
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False     # GPTQ's updates in true fp32, as on the CPU
     shapes = args.shapes or DEFAULT_SHAPES[args.device]

@@ -485,15 +485,20 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None,
                     help="receipt path (default runs/llamacpp_<model>.json; data/receipts/ only when named here)")
     args = ap.parse_args(argv)
-    if not have_llama_cpp():
-        print(f"llama_cpp is not importable: {INSTALL_HINT}")
-        return 2
     from int4lab.files import check_out_path
+    from int4lab.gate.cli import model_name_and_context
     from lab.provenance import write_receipt
     out = args.out or RUNS / f"llamacpp_{Path(args.model).name}.json"
-    try:
-        check_out_path(out)                                  # before the judge runs, not after
-    except ValueError as e:
+    try:                                                     # everything refusable, before the judge runs
+        if not have_llama_cpp():
+            raise ValueError(f"llama_cpp is not installed: {INSTALL_HINT}")
+        for flag, v, lo in (("--window", args.window, 2), ("--windows", args.windows, 1),
+                            ("--threads", args.threads, 1)):
+            if v is not None and v < lo:
+                raise ValueError(f"{flag} must be an int >= {lo}, got {v}")
+        model_name_and_context(args.model)
+        check_out_path(out)
+    except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads or os.cpu_count())

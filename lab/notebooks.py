@@ -4,7 +4,8 @@
     python -m lab.notebooks --quick      # INT4LAB_QUICK=1: smaller problems, same code path
     python -m lab.notebooks --no-write 01_format
 
-Figures are written by the notebooks themselves into figures/. A cell that raises stops the run with
+Figures are written by the notebooks themselves into figures/ (with --no-write or --quick into a temporary
+folder, so such a run leaves every committed file as it was). A cell that raises stops the run with
 the notebook name and cell index.
 """
 from __future__ import annotations
@@ -12,10 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
-from lab.paths import NOTEBOOKS, ROOT
+from lab.paths import FIGURES, NOTEBOOKS, ROOT
 
 
 class NotebookError(RuntimeError):
@@ -46,6 +49,12 @@ def run_notebook(path: Path, *, write: bool = True, quick_mode: bool = False, ti
     nb = nbformat.read(path, as_version=4)
     old = os.environ.get("INT4LAB_QUICK")
     os.environ["INT4LAB_QUICK"] = "1" if quick_mode else "0"
+    # outputs not written back: the figures the chapter rewrites must not be either (figures/ kept aside, put back)
+    fig_tmp = None if write or quick_mode else tempfile.TemporaryDirectory(prefix="int4lab_figures_")
+    if fig_tmp is not None:
+        kept = {f.name for f in FIGURES.glob("*") if f.is_file()}
+        for name in kept:
+            shutil.copy2(FIGURES / name, Path(fig_tmp.name) / name)
     # the kernel runs in notebooks/: the checkout goes on its path so that `import lab` finds the lab
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if str(ROOT) not in paths:
@@ -65,6 +74,13 @@ def run_notebook(path: Path, *, write: bool = True, quick_mode: bool = False, ti
             os.environ.pop("INT4LAB_QUICK", None)
         else:
             os.environ["INT4LAB_QUICK"] = old
+        if fig_tmp is not None:
+            for f in FIGURES.glob("*"):
+                if f.is_file() and f.name not in kept:
+                    f.unlink()                   # a figure this run added
+            for name in kept:
+                os.replace(Path(fig_tmp.name) / name, FIGURES / name)
+            fig_tmp.cleanup()
     if write:
         nbformat.write(nb, path)
     return time.time() - t0
@@ -76,6 +92,10 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="set INT4LAB_QUICK=1 (smaller problems, same code)")
     ap.add_argument("--no-write", action="store_true", help="execute but do not write outputs back")
     args = ap.parse_args(argv)
+    if any(not p.strip() for p in args.patterns):
+        print(f"error: a notebook pattern must be a non-empty part of a file name, got {args.patterns}",
+              file=sys.stderr)
+        return 2
     nbs = find_notebooks(args.patterns)
     if not nbs:
         print(f"no notebooks match {args.patterns} in {NOTEBOOKS}", file=sys.stderr)

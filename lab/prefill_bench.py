@@ -308,8 +308,20 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    if args.warmup < 0 or args.repeats < 1 or args.rounds < 1:
-        print("error: --warmup must be >= 0, --repeats >= 1 and --rounds >= 1", file=sys.stderr)
+    from int4lab.files import check_out_path
+    from int4lab.gate.settings import check_device
+    from lab.synth import FULL_LAYERS
+    try:                                                # everything refusable, before any model is built
+        if args.warmup < 0 or args.repeats < 1 or args.rounds < 1:
+            raise ValueError("--warmup must be >= 0, --repeats >= 1 and --rounds >= 1")
+        if not 1 <= args.layers <= FULL_LAYERS[args.arch]:
+            raise ValueError(f"--layers must be an int in [1, {FULL_LAYERS[args.arch]}] for {args.arch} (its "
+                             f"published depth), got {args.layers}")
+        if args.device is not None:
+            check_device(args.device)
+        check_out_path(args.out)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     from int4lab.files import cli_out_ok
     from lab.provenance import portable_command, write_receipt

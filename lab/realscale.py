@@ -517,6 +517,13 @@ def main(argv=None) -> int:
         if Path(args.out).exists():
             json.loads(Path(args.out).read_text())      # merged into: it must be a receipt already
         check_dir_path(args.workdir, flag="--workdir")
+        if args.split_gpu is not None:
+            from int4lab.gate.models import parse_max_memory
+            try:
+                parse_max_memory([f"0={args.split_gpu}"])
+            except ValueError:
+                raise ValueError(f"--split-gpu must be a size with a unit, e.g. 4GiB or 500MB, got "
+                                 f"{args.split_gpu!r}") from None
     except json.JSONDecodeError as e:
         print(f"error: --out {args.out!r} exists and is not JSON ({e}): the receipt is merged into it", file=sys.stderr)
         return 2

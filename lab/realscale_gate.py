@@ -300,11 +300,14 @@ def gpu_cap(max_memory) -> int | None:
 
 def check_args(args) -> list:
     """The depths to run per architecture, {arch: [layers]}; ValueError naming the flag and the rule."""
-    from int4lab.gate.cli import parser as gate_parser
-    if args.full and args.layers:
-        raise ValueError("--layers: not with --full (the published depth of each --arch)")
-    if not args.full and not args.layers:
-        raise ValueError("--layers: give the depths to measure, or --full")
+    from int4lab.gate.cli import check_extra_flags, check_settings
+    if bool(args.full) == bool(args.layers):
+        raise ValueError("--layers: give the depths to measure, or --full; --layers is not with --full")
+    if args.layers and (len(set(args.layers)) != len(args.layers) or len(args.layers) < 2):
+        raise ValueError(f"--layers: a fit needs two or more distinct depths (--full: one run), got {args.layers}")
+    for flag, v in (("--deadline", args.deadline), ("--card-gib", args.card_gib)):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{flag} must be a positive finite number, got {v!r}")
     out = {}
     for arch in args.arch:
         layers = [FULL_LAYERS[arch]] if args.full else sorted(set(args.layers))
@@ -314,19 +317,15 @@ def check_args(args) -> list:
         out[arch] = layers
     if args.max_memory and not args.device_map:
         raise ValueError("--max-memory: needs --device-map (accelerate places the layers by it)")
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            gate_parser().parse_args(["--model", "x", *README_FLAGS, *shlex.split(args.gate_args)])
-    except SystemExit:
-        raise ValueError(f"--gate-args: not flags the gate takes: {args.gate_args!r}") from None
+    check_settings(device=args.device, device_map=args.device_map, max_memory=args.max_memory)
+    check_extra_flags(args.gate_args, README_FLAGS, flag="--gate-args")
     return out
 
 
 def window_of(arch: str, width: str, extra) -> int:
     """The scoring window the gate will use: --window in extra, else the synthetic config's context."""
-    from int4lab.gate.cli import parser as gate_parser
-    w = gate_parser().parse_args(["--model", "x", *extra]).window
-    return w or config_fields(arch, 1, width)["max_position_embeddings"]
+    from int4lab.gate.cli import check_extra_flags
+    return check_extra_flags(extra).window or config_fields(arch, 1, width)["max_position_embeddings"]
 
 
 def main(argv=None) -> int:

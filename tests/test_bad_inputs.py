@@ -426,6 +426,7 @@ def test_report_refuses_a_partial_decode_receipt_for_the_results(tmp_path, capsy
     path.write_text(json.dumps({**rec, "method": method}))
     results = tmp_path / "RESULTS.md"
     results.write_text(f"{report.START}\nold\n{report.END}\n")
+    (tmp_path / "x").mkdir()                                                                  # no anchors
     assert report.main(["--receipt", str(path), "--results", str(results), "--anchors", str(tmp_path / "x")]) == 2
     assert re_search(match, capsys.readouterr().err) and "old" in results.read_text()
     assert report.main(["--receipt", str(path), "--anchors", str(tmp_path / "x")]) == 0      # printed, marked

@@ -178,11 +178,11 @@ CLI = [
     (_export, ["--model", "olmoe", "--out", "{link}", "--force"], r"--out '.*' is a symbolic link"),
     (_realscale, ["--arch", "olmoe", "--layers", "1", "--workdir", "{tmp}/w", "--out", "{fifo}"],
      r"--out '.*' is a FIFO"),
-    (_realscale_gate, ["--arch", "olmoe", "--layers", "1", "--workdir", "{tmp}/w", "--out", "{fifo}"],
+    (_realscale_gate, ["--arch", "olmoe", "--layers", "1", "2", "--workdir", "{tmp}/w", "--out", "{fifo}"],
      r"--out '.*' is a FIFO"),
-    (_realscale_gate, ["--arch", "olmoe", "--layers", "1", "--workdir", "{file}", "--out", "{tmp}/r.json"],
+    (_realscale_gate, ["--arch", "olmoe", "--layers", "1", "2", "--workdir", "{file}", "--out", "{tmp}/r.json"],
      r"--workdir '.*' is a file, not a directory"),
-    (_realscale_gate, ["--arch", "olmoe", "--layers", "1", "--workdir", "{tmp}/w", "--out", "{tmp}/r.json",
+    (_realscale_gate, ["--arch", "olmoe", "--layers", "1", "2", "--workdir", "{tmp}/w", "--out", "{tmp}/r.json",
                        "--gate-args=--no-such-flag"], r"--gate-args: not flags the gate takes: '--no-such-flag'"),
     (_decode_step, ["--width", "tiny", "--out", "{fifo}"], r"--out '.*' is a FIFO"),
     (_decode_step, ["--width", "tiny", "--out", "{tmp}"], r"--out '.*' is a directory"),
@@ -365,6 +365,7 @@ def test_report_writes_every_page_or_none(tmp_path, capsys):
     path.write_text(json.dumps(rec))
     results, notes, readme = _pages(tmp_path)
     before = {p: p.read_text() for p in (results, notes, readme)}
+    (tmp_path / "x").mkdir()                                                          # no anchors
     rc = report.main(["--receipt", str(path), "--readme", str(readme), "--results", str(results), "--notes",
                       str(notes), "--anchors", str(tmp_path / "x")])
     assert rc == 2
@@ -401,6 +402,7 @@ def test_report_names_a_bad_receipt(tmp_path, capsys, damage, match):
     old = results.read_text()
     real = cli.render_results
     cli.render_results = lambda receipts=receipts: real(receipts)
+    (tmp_path / "x").mkdir()                                                          # no anchors
     try:
         assert report.main(["--receipt", str(path), "--results", str(results), "--anchors", str(tmp_path / "x")]) == 2
     finally:

@@ -579,6 +579,7 @@ def test_report_cli(tmp_path, capsys):
     results, notes = tmp_path / "RESULTS.md", tmp_path / "kernels.md"
     results.write_text(f"# R\n{report.TARGETS_START}\n{report.TARGETS_END}\n{report.START}\n{report.END}\nhand\n")
     notes.write_text(f"# N\n{report.MISSES_START}\nstale\n{report.MISSES_END}\n")
+    (tmp_path / "none").mkdir()                                                       # no anchors
     assert report.main(["--receipt", str(tmp_path / "decode_synthetic.json"), "--results", str(results),
                         "--notes", str(notes), "--anchors", str(tmp_path / "none")]) == 0
     text = results.read_text()

@@ -292,14 +292,14 @@ def _args(*argv):
 
 def test_realscale_gate_argument_checks():
     from lab import realscale_gate as rg
-    assert rg.check_args(_args("--arch", "qwen3_moe", "mixtral", "--layers", "3", "1", "2", "2")) == {
+    assert rg.check_args(_args("--arch", "qwen3_moe", "mixtral", "--layers", "3", "1", "2")) == {
         "qwen3_moe": [1, 2, 3], "mixtral": [1, 2, 3]}
     assert rg.check_args(_args("--arch", "olmoe", "mixtral", "--full")) == {"olmoe": [16], "mixtral": [32]}
     for argv, msg in ((("--arch", "olmoe", "--full", "--layers", "2"), "not with --full"),
                       (("--arch", "olmoe"), "give the depths to measure"),
-                      (("--arch", "olmoe", "mixtral", "--layers", "20"), r"in \[1, 16\] for olmoe"),
-                      (("--arch", "olmoe", "--layers", "1", "--max-memory", "0=1GiB"), "needs --device-map"),
-                      (("--arch", "olmoe", "--layers", "1", "--gate-args=--no-such-flag"), "not flags the gate takes")):
+                      (("--arch", "olmoe", "mixtral", "--layers", "2", "20"), r"in \[1, 16\] for olmoe"),
+                      (("--arch", "olmoe", "--layers", "1", "2", "--max-memory", "0=1GiB"), "needs --device-map"),
+                      (("--arch", "olmoe", "--layers", "1", "2", "--gate-args=--no-such-flag"), "not flags the gate takes")):
         with pytest.raises(ValueError, match=msg):
             rg.check_args(_args(*argv))
     assert rg.main(["--arch", "olmoe", "--workdir", "w", "--out", "o"]) == 2

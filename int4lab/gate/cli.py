@@ -16,6 +16,8 @@ from ..files import check_out_path
 from ..locations import RUNS
 from ..quantize import ACTS, SCHEMES, TARGETS
 from .arms import LOTTERY
+from .models import parse_max_memory
+from .settings import check_settings
 from .run import BATCH_TOKENS, DITHER, check_budget, plan_arms, run_gate
 from .score import STAT_BYTES
 from .table import format_table
@@ -108,13 +110,46 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def check_extra_flags(words, base=(), *, flag: str = "--gate-args",
+                      fixed=("model", "out", "device", "device_map", "max_memory")) -> argparse.Namespace:
+    """Gate flags a driver passes through (words: a list, or one string split as shell words; after its own
+    `base` flags): ValueError naming `flag` unless they parse, leave the `fixed` settings (the driver's own)
+    alone, and pass `check_settings`."""
+    import contextlib
+    import io
+    import shlex
+
+    if isinstance(words, str):
+        try:
+            words = shlex.split(words)
+        except ValueError as e:
+            raise ValueError(f"{flag}: must split as shell words ({e}): {words!r}") from None
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            g = parser().parse_args(["--model", "x", *base, *words])
+    except SystemExit:
+        raise ValueError(f"{flag}: not flags the gate takes: {' '.join(words)!r}") from None
+    ref = parser().parse_args(["--model", "x", *base])
+    own = [k for k in fixed if getattr(g, k) != getattr(ref, k)]
+    if own:
+        raise ValueError(f"{flag}: may not set --{', --'.join(k.replace('_', '-') for k in own)}: the driver sets "
+                         f"them itself (use its own flags), got {' '.join(words)!r}")
+    try:
+        check_settings(window=g.window, max_docs=g.max_docs, budget=g.budget, batch=g.batch, threads=g.threads,
+                       floor_stride=g.floor_stride, n_boot=g.boot, parity_steps=g.parity_steps, limit=g.limit,
+                       calib_tokens=g.calib_tokens, calib_len=g.calib_len, min_rows=g.min_rows, damp=g.damp,
+                       dither=g.dither, batch_tokens=g.batch_tokens, stat_bytes=g.stat_bytes, seed=g.seed)
+    except ValueError as e:
+        raise ValueError(f"{flag}: {e}") from None
+    return g
+
+
 def main(argv=None, stamp=None, prog: str = "python -m int4lab.gate") -> int:
     """The CLI. The result file holds {"provenance": run_info(command), **payload}; stamp(info) -> info, when
     given, adds to that block what a publisher records beside it (e.g. the commit and the code measured)."""
     args = parser().parse_args(argv)
     from ..files import write_text_atomic
     from ..runinfo import run_info
-    from .settings import check_settings
     try:                                    # everything that can be refused is refused before any work
         name, context = model_name_and_context(args.model)
         arms = plan_arms(args.scheme, args.targets, args.act, args.lottery, args.calib_draws, args.dither)
@@ -125,11 +160,18 @@ def main(argv=None, stamp=None, prog: str = "python -m int4lab.gate") -> int:
         check_settings(window=args.window, max_docs=args.max_docs, budget=args.budget, batch=args.batch,
                        threads=args.threads, floor_stride=args.floor_stride,
                        n_boot=args.boot, parity_steps=args.parity_steps, limit=args.limit,
-                       calib_tokens=args.calib_tokens, calib_len=args.calib_len or args.window or context,
+                       calib_tokens=args.calib_tokens,
+                       calib_len=args.calib_len if args.calib_len is not None else args.window or context,
                        min_rows=args.min_rows, damp=args.damp, dither=args.dither,
-                       trained_context=context, texts=texts, device=args.device)
-        path = check_out_path(args.out if args.out else receipt_path(name))
-        from .models import parse_max_memory
+                       trained_context=context, texts=texts, device=args.device,
+                       batch_tokens=args.batch_tokens, stat_bytes=args.stat_bytes, seed=args.seed,
+                       device_map=args.device_map, max_memory=args.max_memory)
+        if args.out is not None and not args.out.strip():
+            raise ValueError(f"--out: out must name a file, got {args.out!r} (leave it out for runs/)")
+        path = check_out_path(args.out if args.out is not None else receipt_path(name))
+        if args.tasks:
+            from .lmeval import check_tasks
+            check_tasks(args.tasks)
         max_memory = parse_max_memory(args.max_memory)
         check_budget(args.budget)
     except (FileNotFoundError, ValueError) as e:

@@ -123,12 +123,21 @@ def load_model(model: str, dtype=torch.float32, device: str = "cpu", device_map:
     if max_memory:
         kw["max_memory"] = max_memory
     try:
-        m = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
+        m, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, output_loading_info=True, **kw)
     except SafetensorError as e:
         raise ValueError(f"--model {str(path)!r}: a weight file is not readable safetensors (truncated or "
                          f"corrupt?): {e}") from None
     except OSError as e:
         raise ValueError(f"--model {str(path)!r}: transformers cannot load its weights ({e})") from None
+    except RuntimeError as e:                   # transformers' loading report: missing or misshapen tensors
+        if "ignore_mismatched_sizes" not in str(e):
+            raise
+        raise ValueError(f"--model {str(path)!r}: the weights do not match config.json (a tensor missing or of "
+                         "another shape than the config gives)") from None
+    extra = sorted(info.get("unexpected_keys") or ())
+    if extra:                                   # weights the config's model has no place for (layers beyond it?)
+        raise ValueError(f"--model {str(path)!r}: the weights hold {len(extra)} tensor(s) the config's model does "
+                         f"not have, e.g. {', '.join(extra[:5])}: weights and config.json disagree")
     if not device_map:
         m = m.to(device)
     return m.eval(), AutoTokenizer.from_pretrained(path), path.name

@@ -32,7 +32,8 @@ def _need(ok: bool, name: str, flag: str, rule: str, v) -> None:
 
 def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threads=None, floor_stride=None,
                    n_boot=None, parity_steps=None, limit=None, calib_tokens=None, calib_len=None, min_rows=None,
-                   damp=None, dither=None, trained_context=None, texts=None, device=None) -> None:
+                   damp=None, dither=None, trained_context=None, texts=None, device=None,
+                   batch_tokens=None, stat_bytes=None, seed=None, device_map=None, max_memory=None) -> None:
     """Refuse degenerate gate settings before any work (module doc). An argument left None is not checked
     (its default applies). trained_context: the model's (texts.trained_context), the largest window.
     texts: the texts to score, source specs or `sources.TextSource`s; with them, every text must keep
@@ -58,7 +59,9 @@ def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threa
                               ("n_boot", "--boot", n_boot, MIN_BOOT),
                               ("parity_steps", "--parity-steps", parity_steps, 0),
                               ("limit", "--limit", limit, 1), ("calib_tokens", "--calib-tokens", calib_tokens, 1),
-                              ("calib_len", "--calib-len", calib_len, 1), ("min_rows", "--min-rows", min_rows, 1)):
+                              ("calib_len", "--calib-len", calib_len, 1), ("min_rows", "--min-rows", min_rows, 1),
+                              ("batch_tokens", "--batch-tokens", batch_tokens, 1),
+                              ("stat_bytes", "--stat-bytes", stat_bytes, 1), ("seed", "--seed", seed, 0)):
         if v is not None:
             _need(_int(v) and v >= lo, name, flag, f"an int >= {lo}", v)
     if calib_len is not None and trained_context is not None:        # the rule --window follows
@@ -76,6 +79,14 @@ def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threa
               "a number in [0, 0.5] (units of the scale)", dither)
     if device is not None:
         check_device(device)
+    if device_map is not None:
+        check_device_map(device_map)
+    if max_memory is not None:
+        from .models import parse_max_memory
+        try:
+            parse_max_memory(max_memory)
+        except ValueError as e:
+            raise ValueError(f"--max-memory: {e}") from None
     if texts is not None:
         from .sources import check_document_count, read_sources
         check_document_count(read_sources(texts), max_docs)
@@ -97,3 +108,17 @@ def check_device(device) -> None:
                              f"{torch.cuda.device_count()} CUDA devices")
     elif d.type != "cpu":
         raise ValueError(f"--device: device must be cpu or cuda[:N], got {device!r}")
+
+
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_device_map(device_map) -> None:
+    """ValueError naming --device-map unless it is one of accelerate's strategies or a device here."""
+    if device_map in DEVICE_MAPS:
+        return
+    try:
+        check_device(device_map)
+    except ValueError:
+        raise ValueError(f"--device-map: device_map must be one of {DEVICE_MAPS} or a device (cpu, cuda[:N]), "
+                         f"got {device_map!r}") from None

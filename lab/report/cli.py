@@ -95,6 +95,8 @@ def main(argv=None) -> int:
                     help="other pages whose real-width and decode-step blocks to rewrite (notes/realscale.md)")
     ap.add_argument("--anchors", type=Path, default=ANCHORS, help="folder with recorded llama.cpp timings")
     args = ap.parse_args(argv)
+    if not args.anchors.is_dir():
+        ap.error(f"--anchors {str(args.anchors)!r} is not a folder (the recorded llama.cpp timings)")
     pages = Pages()
     try:                                  # every input read, every block rendered, before any page is written
         block = plan(args, pages)

@@ -392,6 +392,36 @@ def pick_plan(payload: dict, prefix: str = "dp4a_") -> dict | None:
     return plan
 
 
+KINDS = ("dp4a", "baselines")
+
+
+def _read_sweep(path: Path) -> dict:
+    """--pick's input: a sweep receipt; ValueError naming --out when it is missing or not one."""
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--out {str(path)!r} (with --pick) must be a readable sweep receipt: {e}") from None
+    if not isinstance(rec, dict) or not isinstance(rec.get("dense"), list):
+        raise ValueError(f"--out {str(path)!r} (with --pick) is not a dense sweep receipt (no 'dense' rows)")
+    return rec
+
+
+def _check_args(args) -> None:
+    from int4lab.files import check_out_path
+    bad = [k for k in args.kinds.split(",") if k not in KINDS]
+    if bad or not args.kinds:
+        raise ValueError(f"--kinds must be a comma list of {', '.join(KINDS)}, got {args.kinds!r}")
+    if args.replays < 1 or args.full < 0 or not (math.isfinite(args.budget_s) and args.budget_s > 0):
+        raise ValueError(f"--replays must be >= 1, --full >= 0 and --budget-s a positive number of seconds, got "
+                         f"{args.replays}, {args.full}, {args.budget_s}")
+    if args.tokens is not None and any(t < 1 for t in args.tokens):
+        raise ValueError(f"--tokens must be ints >= 1, got {args.tokens}")
+    check_out_path(args.out)
+    if not torch.cuda.is_available():
+        raise ValueError("lab.tune.sweep times kernels on a CUDA device; torch sees none here (--pick reads a "
+                         "receipt without one)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="JSON receipt to write")
@@ -413,11 +443,13 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, nargs="*", default=None,
                     help=f"--grouped: decode batches to time (default {GROUPED_TOKENS})")
     args = ap.parse_args(argv)
-    if args.pick:
-        print(json.dumps(pick_plan(json.loads(args.out.read_text()))))
-        return 0
-    from int4lab.files import cli_out_ok
-    if not cli_out_ok(args.out):                          # before anything is timed
+    try:
+        if args.pick:
+            print(json.dumps(pick_plan(_read_sweep(args.out))))
+            return 0
+        _check_args(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     dev = torch.device("cuda")
     l2 = l2_bytes()
