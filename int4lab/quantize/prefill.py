@@ -7,10 +7,9 @@ when every weight it decodes serves, on average, at least `prefill_min_rows` row
 R * k / E for an Int4Experts (the mean routed rows per expert). The module attribute defaults to
 PREFILL_MIN_ROWS; `prefill_rows(model, n)` changes it for a block (0: always, None: never).
 
-Off by default (PREFILL_MIN_ROWS = None): its tests pass on an H100 (data/receipts/cuda_tests_h100.txt), but
-its speed against bf16 is not settled: two H100 runs of `python -m lab.prefill_bench` at the same settings scored
-0.93x and 0.67x bf16's tokens/s (the receipt of commit 8bbadb6, and data/receipts/prefill_h100.json;
-notes/realscale.md), around the 0.8x it would need. Scoring runs through the decode kernels;
+Off by default (PREFILL_MIN_ROWS = None) until a paired run of `python -m lab.prefill_bench` (the prefill path,
+the decode path and bf16 in alternating rounds of one process) shows it at or above 0.8x bf16's tokens/s;
+notes/realscale.md says where that stands. Scoring runs through the decode kernels;
 `with prefill_rows(model, 64):` turns the path on for a run.
 
 Why 64, and why rows per weight: the prefill path pays ~4.6 bytes of memory traffic per weight per call
