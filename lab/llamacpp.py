@@ -349,7 +349,7 @@ def paired_bootstrap(nll_a: torch.Tensor, nll_b: torch.Tensor, reps: int = BOOTS
 
 # Two engines are called equivalent on an arm when the paired 95 % CI of ppl_llama.cpp / ppl_ours - 1 lies inside
 # +-EQUIV_MARGIN: a quarter of the gate's 1 % perplexity budget (chapter 04), so that an engine difference inside it
-# is small next to the budget the arms are judged by. It was fixed after the first llama.cpp receipt (OLMoE) had been
+# is small next to the budget the arms are judged by. It was fixed after the first llama.cpp receipts had been
 # read, so it is not a pre-registered margin; the CIs the receipts record are the measurement. A CI that contains 0
 # but crosses the margin is no evidence of agreement.
 EQUIV_MARGIN = 0.0025
