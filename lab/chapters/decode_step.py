@@ -129,9 +129,9 @@ def plot_bars(rec: dict, axes) -> None:
             if r is None:
                 continue
             if r["run"] == "eager" and slope_range(r)[0] <= 0:       # a slope its samples cannot tell from zero
-                labels.append((i, f"{state}\n{run}\n(undecided)"))
+                labels.append((i, f"{state.replace('int4_', '')}\n{run}\n(undecided)"))
                 continue
-            labels.append((i, f"{state}\n{run}"))
+            labels.append((i, f"{state.replace('int4_', '')}\n{run}"))
             bd = breakdown(a, state) if run == "graphed" else None
             if bd:
                 ours = our_kernels(a, state) or {}
@@ -142,8 +142,10 @@ def plot_bars(rec: dict, axes) -> None:
                 for seg, v in segs:
                     v = max(0.0, v)
                     if v > 0.5:
-                        ax.bar(i, v, bottom=bottom, color=colours.setdefault(seg, plt.cm.tab20.colors[
-                            len(colours) % 20]), label=seg if seg not in ax.get_legend_handles_labels()[1] else None)
+                        if seg not in colours:            # our kernels: a palette apart from the categories'
+                            colours[seg] = plt.cm.Dark2.colors[sum(k not in SEGMENTS + ("step",) for k in colours) % 8]
+                        ax.bar(i, v, bottom=bottom, color=colours[seg],
+                               label=seg if seg not in ax.get_legend_handles_labels()[1] else None)
                     bottom += v
                 ax.plot([i - 0.4, i + 0.4], [r["per_layer_us"]] * 2, color="k", lw=1.5,
                         label="per layer, step(2) − step(1)" if "per layer, step(2) − step(1)" not in
