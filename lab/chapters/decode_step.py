@@ -196,16 +196,23 @@ def spread(row) -> float:
     return sum(max(v) - min(v) for v in row["samples_us"].values()) / abs(row["per_layer_us"])
 
 
+def _depths(row) -> tuple[int, int, list, list]:
+    lo, hi = sorted(row["samples_us"], key=int)[0], sorted(row["samples_us"], key=int)[-1]
+    return int(lo), int(hi), row["samples_us"][lo], row["samples_us"][hi]
+
+
 def slope_range(row) -> tuple[float, float]:
-    """(lowest, highest) per layer the samples allow: min(step 2) - max(step 1), max(step 2) - min(step 1)."""
-    s1, s2 = row["samples_us"]["1"], row["samples_us"]["2"]
-    return min(s2) - max(s1), max(s2) - min(s1)
+    """(lowest, highest) per layer the samples allow: (min step(hi) - max step(lo)) / (hi - lo) to
+    (max step(hi) - min step(lo)) / (hi - lo), hi and lo the two depths (2 and 1 on a GPU receipt)."""
+    lo, hi, s1, s2 = _depths(row)
+    return (min(s2) - max(s1)) / (hi - lo), (max(s2) - min(s1)) / (hi - lo)
 
 
 def fixed_range(row) -> tuple[float, float]:
-    """(lowest, highest) fixed cost the samples allow: fixed = step(1) - per layer = 2 step(1) - step(2)."""
-    s1, s2 = row["samples_us"]["1"], row["samples_us"]["2"]
-    return 2 * min(s1) - max(s2), 2 * max(s1) - min(s2)
+    """(lowest, highest) fixed cost the samples allow: fixed = step(lo) - lo x per layer (2 step(1) - step(2))."""
+    lo, _, s1, _ = _depths(row)
+    (pl, ph) = slope_range(row)
+    return min(s1) - lo * ph, max(s1) - lo * pl
 
 
 def decided(row) -> bool:
