@@ -142,3 +142,24 @@ def test_a_split_run_keeps_the_earlier_calls_rows():
     other = bench.Run("olmoe", cli.parser().parse_args(["--width", "tiny", "--layers", "1", "3"]), lambda: None,
                       print, 0.0, prior=prior)
     assert other.rec["rows"] == [] and "greedy" not in other.rec                  # other depths: a fresh record
+
+
+def test_chapter_rules_undecided_eager_and_names_our_kernels():
+    """An eager slope whose samples reach zero is undecided; our kernels (no launch record) are named per layer
+    with the module range that opens at them."""
+    from lab.chapters import decode_step as ch
+    row = lambda st, s1, s2: {"state": st, "impl": None, "run": "eager", "batch": 1, "context": 8,  # noqa: E731
+                              "samples_us": {"1": s1, "2": s2}, "per_layer_us": min(s2) - min(s1),
+                              "fixed_us": 2 * min(s1) - min(s2), "tokens_per_s": 1.0}
+    a = {"default_experts_impl": None, "rows": [row("int4", [10.0, 11.0], [20.0, 21.0]),
+                                                row("bf16", [10.0, 30.0], [25.0, 26.0])]}
+    assert ch.slope_range(a["rows"][0]) == (9.0, 11.0) and ch.fixed_range(a["rows"][0]) == (-1.0, 2.0)
+    assert not ch.decided(a["rows"][0]) and "fixed undecided" in ch.row_text(a["rows"][0])
+    e = ch.eager_ratio(a, "int4", 1, 8)
+    assert e["decided"] is False and ch.eager_text(e).startswith("undecided (spread")
+    ks = lambda n: [["gemv_dp4a_kernel", "unattributed", 3.0], ["cat:attn_proj", "unattributed", 3.0],  # noqa: E731
+                    ["gemv_dp4a_kernel", "unattributed", 5.0], ["cat:experts", "unattributed", 9.0],
+                    ["gemv_dp4a_kernel", "unattributed", 4.0], ["glue_op", "glue", 1.0]] * n
+    bd = {"state": "s", "per_layer_us": {}, "depths": {"1": {"eager_kernels": ks(1)}, "2": {"eager_kernels": ks(2)}}}
+    assert ch.our_kernels({"breakdown": [bd]}, "s") == {"gemv_dp4a_kernel @ attn_proj": [1, 3.0],
+                                                        "gemv_dp4a_kernel @ experts": [2, 9.0]}

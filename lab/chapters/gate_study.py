@@ -35,6 +35,16 @@ def regenerate(a: str) -> str:
             f"--out data/receipts/gate_{a}.json")
 
 
+def present(archs) -> dict:
+    """{arch: whether data/receipts/gate_<arch>.json exists}. An absent receipt is not measured: the chapter
+    says so with the command that writes it and reads only the receipts present."""
+    return {a: (RECEIPTS / f"gate_{a}.json").is_file() for a in archs}
+
+
+def not_measured(a: str) -> str:
+    return f"{a}: not measured: run `{regenerate(a)}`"
+
+
 def load(archs) -> dict:
     """{arch: receipt} of data/receipts/gate_<arch>.json. ValueError for a receipt from an older gate (some arms
     on a subset of documents, or no development / held-out split), naming the command that regenerates it."""

@@ -22,7 +22,7 @@ LLAMA = "llama.cpp Q4_0 (recorded)"
 GEMV_PEERS = ("w4a16_cutlass", "bf16", "tinygemm", "gemlite", "marlin", "llamacpp_q4_0", "llamacpp_q4_0_rot")
 MOE_PEERS = ("bf16_loop", "grouped_mm")
 MOE_LLAMA = ("llamacpp_q4_0_moe", "llamacpp_q4_0_rot_moe")
-# column names of llama.cpp's rows († ggml's eager timer, ‡ timed like ours: the legend under the peer tables)
+# column names of llama.cpp's rows († ggml's eager timer, ‡ rotated like ours; both host wall clock: the legend under the peer tables)
 LABELS = {"llamacpp_q4_0": "llama.cpp Q4_0 (eager)†", "llamacpp_q4_0_rot": "llama.cpp Q4_0 (rotated)‡",
           "llamacpp_q4_0_moe": "llama.cpp Q4_0 MUL_MAT_ID (eager)†",
           "llamacpp_q4_0_rot_moe": "llama.cpp Q4_0 MUL_MAT_ID (rotated)‡"}

@@ -18,8 +18,8 @@ GEMV_LABELS = {"int4_b32": "int4_b32 (ours, W4A8, tuned plan)",
                "tinygemm": "tinygemm (torch, W4A16)",
                "gemlite": "GemLite (W4A16)",
                "marlin": "Marlin (W4A16 g128)",
-               "llamacpp_q4_0": "llama.cpp Q4_0 (ggml's eager timer)",
-               "llamacpp_q4_0_rot": "llama.cpp Q4_0 (timed like ours)"}
+               "llamacpp_q4_0": "llama.cpp Q4_0 (eager, host clock)",
+               "llamacpp_q4_0_rot": "llama.cpp Q4_0 (rotated, host clock)"}
 
 
 def floor_fixed_share(rec) -> dict[int, float]:

@@ -7,6 +7,7 @@ from pathlib import Path
 from int4lab.files import write_text_atomic
 
 from lab.bench.schema import DEFAULT_OUT
+from lab.chapters.decode_step import eager_ratio, eager_text     # chapter 07's rule for an eager slope
 from lab.paths import RECEIPTS
 from lab.provenance import portable_command
 from .decode import END, START, _f, _line, read, reading, refuse_partial
@@ -56,12 +57,23 @@ def train_table(receipts=RECEIPTS) -> str:
 
 def gate_table(receipts=RECEIPTS) -> str:
     """The gate receipts' table: Δ% [95 % CI] per text, PASS / FAIL / UNDECIDED, lottery and calibration.
-    A receipt made with partial settings (partial_settings) is refused (ValueError), never tabulated."""
+    A receipt made with partial settings (partial_settings) is refused (ValueError), never tabulated. A small
+    model without its receipt is listed as not measured, with the command that writes it."""
     from int4lab.gate.table import render_gate_table
-    for path in sorted(Path(receipts).glob("gate_*.json")):
+    from int4lab.models import ARCHS
+    from lab.chapters.gate_study import regenerate
+    found = sorted(Path(receipts).glob("gate_*.json"))
+    for path in found:
         refuse_partial(read(path), path)
-    with reading(Path(receipts) / "gate_*.json"):
-        return render_gate_table(receipts)
+    out = []
+    if found:
+        with reading(Path(receipts) / "gate_*.json"):
+            out.append(render_gate_table(receipts))
+    absent = [a for a in ARCHS if not (Path(receipts) / f"gate_{a}.json").is_file()]
+    if absent:
+        out.append("*Not measured*: " + "; ".join(f"{a}, no data/receipts/gate_{a}.json (run `{regenerate(a)}`)"
+                                                  for a in absent) + ".")
+    return "\n\n".join(out)
 
 
 def pack_table(receipts=RECEIPTS) -> str:
@@ -168,9 +180,10 @@ DECODE_STEP_START, DECODE_STEP_END = "<!-- decode-step:start -->", "<!-- decode-
 
 def decode_step_table(receipts=RECEIPTS) -> str:
     """What int4 buys in a whole decode step (`python -m lab.decode_step`): per model, batch and context, one
-    layer's time graphed against its read floor, int4 (today's modules) and int4_fused (`fuse_decode`) beside the
-    best bf16 (the fastest experts implementation, graphed or compiled), tokens/s at the published depth against
-    that bf16, and eager int4 against eager bf16. From the receipt's own `summary`; "–" where it measured nothing."""
+    layer's time against its read floor: int4 as quantised, int4_fused and int4_fused2 (`fuse_decode`) graphed,
+    int4_fused2 compiled, beside bf16's floor and the best bf16 (the fastest experts implementation, graphed or
+    compiled), tokens/s at the published depth against that bf16, and eager int4_fused2 against eager bf16 (the
+    range its samples allow, or undecided). From the receipt's `summary` and rows; "–" where it measured nothing."""
     found = _receipts("decode_step_*.json", receipts)
     if not found:
         return _not_yet("decode_step_<card>.json", "lab.decode_step", "step")
@@ -178,26 +191,30 @@ def decode_step_table(receipts=RECEIPTS) -> str:
     for path, r in found:
         with reading(path):
             refuse_partial(r, path)
-            lines = ["| model | batch, context | read floor / layer | int4 graphed | int4_fused graphed | best bf16 | "
-                     "tokens/s int4_fused / best bf16 | eager int4 / eager bf16 | eager int4_fused / eager bf16 |",
-                     "|---|---|---|---|---|---|---|---|---|"]
+            lines = ["| model | batch, context | int4 read floor / layer | int4 graphed | int4_fused graphed | "
+                     "int4_fused2 graphed | int4_fused2 compiled | bf16 read floor | best bf16 | "
+                     "tokens/s int4_fused2 / best bf16 | eager int4_fused2 / eager bf16 |",
+                     "|---|---|---|---|---|---|---|---|---|---|---|"]
             for arch, a in r.get("archs", {}).items():
                 for case, v in a.get("summary", {}).items():
                     fl = v.get("int4_floor_us")
                     ratio = lambda k: (f"{v[k]:.1f} µs ({v[k] / fl:.2f}×)" if v.get(k) and fl else _f(v.get(k)))  # noqa: E731
                     bb = v.get("best_bf16") or {}
+                    b, c = (int(x[1:]) for x in case.split())
                     lines.append(_line([
-                        arch, case.replace("B", "").replace(" C", ", "), f"{fl:.1f} µs" if fl else "–",
+                        arch, f"{b}, {c}", f"{fl:.1f} µs" if fl else "–",
                         ratio("int4_graphed_per_layer_us"), ratio("int4_fused_graphed_per_layer_us"),
+                        ratio("int4_fused2_graphed_per_layer_us"), ratio("int4_fused2_compiled_per_layer_us"),
+                        _f(v.get("bf16_floor_us"), 1) + " µs",
                         f"{bb['per_layer_us']:.1f} µs ({bb.get('impl')}, {bb.get('run')})" if bb else "–",
-                        _f(v.get("int4_fused_over_best_bf16_tokens_per_s"), 2) + "×",
-                        _f(v.get("int4_eager_over_default_bf16_eager"), 2) + "×",
-                        _f(v.get("int4_fused_eager_over_default_bf16_eager"), 2) + "×"]))
+                        _f(v.get("int4_fused2_over_best_bf16_tokens_per_s"), 2) + "×",
+                        eager_text(eager_ratio(a, "int4_fused2", b, c))]))
             errs = {arch: sorted(a.get("errors") or {}) for arch, a in r.get("archs", {}).items() if a.get("errors")}
             out.append("\n".join(lines) + "\n\n" + (
                 f"Parts that failed (their errors are in the receipt): {errs}. " if errs else "") +
-                "Eager columns: per layer = step(2 layers) − step(1 layer) from the run's eager samples; chapter 07 decides "
-                f"a target only beyond the samples' spread. `{path.name}`: {_prov(r)}.")
+                "Eager column: per layer = step(2 layers) − step(1 layer) from the run's eager samples, with the range "
+                "they allow (min step(2) − max step(1) to max step(2) − min step(1)); undecided where that range "
+                f"reaches zero. `{path.name}`: {_prov(r)}.")
     return "\n\n".join(out)
 
 
