@@ -173,11 +173,13 @@ def test_fallback_is_shown_beside_the_verdict():
     arm = {"kind": "gptq", "quant_report": {"gptq_experts": 17, "fallback": [{"layer": 0, "expert": e, "rows": 1}
                                                                              for e in range(111)]},
            "texts": {"test": {"tokens": 10, "ppl": 2.0, "rel": ci, "kl": ci, "top1": {"value": 0.9}}},
+           "held_out": {"test": {"tokens": 5, "rel": ci, "kl": ci, "top1": {"value": 0.9}}},
            "verdict": {"verdict": "PASS"}}
     assert fallback_note(arm) == " (GPTQ→RTN fallback: 111 of 128 experts)"
     assert fallback_note({**arm, "kind": "rtn"}) == "" and fallback_note({**arm, "quant_report": {}}) == ""
     payload = {"texts": {"test": {"tokens": 10, "source_ppl": 2.0}}, "arms": {"gptq/experts/W4A8 draw#0": arm},
-               "budget": 0.01, "settings": {"window": 8, "n_boot": 100, "seed": 0}}
+               "budget": 0.01, "settings": {"window": 8, "n_boot": 100, "seed": 0},
+               "split": {"seed": 0, "texts": {"test": {"dev": [0], "held_out": [1]}}}}
     assert rows(payload)[-1]["verdict"] == "PASS (GPTQ→RTN fallback: 111 of 128 experts)"
     assert format_table(payload).splitlines()[-3].endswith("PASS (GPTQ→RTN fallback: 111 of 128 experts)")
 

@@ -188,7 +188,7 @@ def test_onload_leaves_every_tensor_on_the_execution_device():
     pins down failed the GPU/host split run on the H200; here meta stands in for the GPU when there is none."""
     from accelerate.hooks import attach_align_device_hook
     from accelerate.utils import OffloadedWeightsLoader
-    from int4lab.quantize.driver import _onload
+    from int4lab.quantize.placement import onload as _onload
     dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("meta")
     layer = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.LayerNorm(4))
     weights = OffloadedWeightsLoader(state_dict={k: v.clone() for k, v in layer.state_dict().items()})
