@@ -2,7 +2,7 @@
 
 Shape legend: E = experts, N = out features (rows), K = in features, R = activation rows.
 
-The bytes are a contract (the seed's `int4_pack_ref` format):
+The bytes are a contract (grouped-nf4-gemm's `int4_pack_ref` format):
     w[..., n, k] ~= (nib[..., n, k] - 8) * scales[..., n, k // 32]
     packed[..., n, j] = nib[..., n, 2j] | nib[..., n, 2j + 1] << 4    (even k in the low nibble)
     packed uint8 [..., N, K/2], scales float16 [..., N, K/32]

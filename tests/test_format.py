@@ -23,7 +23,7 @@ PROPS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCh
 
 # ---------------------------------------------------------------- naive spec re-implementations
 def naive_pack(w: torch.Tensor):
-    """The issue's spec, one element at a time, in numpy float32 scalars. Returns numpy (packed, scales)."""
+    """The format's spec, one element at a time, in numpy float32 scalars. Returns numpy (packed, scales)."""
     a = w.detach().cpu().float().numpy()            # fp16/bf16 -> fp32 widening is exact
     lead, K = a.shape[:-1], a.shape[-1]
     packed = np.zeros(lead + (K // 2,), np.uint8)

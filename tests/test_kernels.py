@@ -28,7 +28,7 @@ from int4lab.kernels.grouped import MAX_ROUTED_ROWS, build_group_tiles_ref, grou
 from int4lab.kernels.plan import GemvPlan, GroupedPlan, choose_split_k, resolve
 from int4lab.kernels.quant import swiglu_quant_rows_ref
 
-BF16_TOL = 2.0 ** -7        # bf16 output rounding is <= 2^-8 relative; the bound is 2^-7 of max|ref|
+BF16_TOL = 2.0 ** -7        # bf16 output rounding is <= 2^-8 relative; the reference bound is 2^-7 of max|ref|
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a CUDA device")
 
 

@@ -101,7 +101,7 @@ def finish_rows(y, valid, r, m_mask, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, 
                 row = t * TOPK + j
                 yj = tl.zeros_like(y)
                 for s in tl.static_range(SPLIT_K):
-                    # .cg: read from L2, where the other programs' stores are, never a stale L1 line
+                    # .cg: read from L2, where the other programs' stores are, never an out-of-date L1 line
                     yj += tl.load(part_ptr + (s * R + row)[:, None] * N + offs_n[None, :], mask=lmask, other=0.0,
                                   cache_modifier=".cg")
                 if HAS_W:     # the MoE combine: each expert's row rounded to bf16 first, as moe_decode_ref does

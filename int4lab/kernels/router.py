@@ -68,7 +68,7 @@ def router_topk_kernel(
     if last:
         offs = tl.arange(0, EP)
         m = offs < E
-        # .cg: the other programs' logits, from L2 (never a stale L1 line)
+        # .cg: the other programs' logits, from L2 (never an out-of-date L1 line)
         lg = tl.load(logits_ptr + t * E + offs, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
         lg = tl.where(m, lg, -float("inf"))
         z = lg - tl.max(lg, axis=0)

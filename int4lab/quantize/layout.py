@@ -33,7 +33,7 @@ class Scheme:
     scheme: str = "rtn"            # "rtn" | "gptq": how codes are chosen
     targets: str = "experts"       # "experts" | "experts+attn"
     act: str = "int8"              # "int8" (W4A8) | "bf16" (W4A16)
-    lm_head: bool = False          # round-to-nearest lm_head too (off by default: the seed keeps it high precision)
+    lm_head: bool = False          # round-to-nearest lm_head too (off by default: grouped-nf4-gemm's reference keeps it high precision)
 
     def __post_init__(self):
         for name, val, allowed in (("scheme", self.scheme, SCHEMES), ("targets", self.targets, TARGETS),

@@ -3,7 +3,7 @@
 Shape legend: E = experts, N = out features, K = in features, R = activation rows, T = tokens, A = top-k.
 
 Each case draws fresh random weights and activations, runs one kernel into a NaN-poisoned buffer and
-reports max|out - ref| / max|ref| (the issue's bound is 2**-7) and the fraction of outputs equal, bit
+reports max|out - ref| / max|ref| (the format's reference bound is 2**-7) and the fraction of outputs equal, bit
 for bit, to the reference rounded once to bf16 (what an exact kernel with one final rounding gives).
 
 The one-launch checks compare a kernel with its own two-launch decomposition, bit for bit: x quantised
