@@ -6,7 +6,7 @@ is partly the luckiest, and its verdict on those documents is biased in its favo
 are split once, deterministically: the choice reads only the development half, the verdict only the
 held-out half.
 
-The split: each document's key is sha256 of the seed, the text's name and the document's own text; documents
+The split: each document's key is sha256 of the split seed, the text's name and the document's own text; documents
 sorted by key, the first floor(n / 2) are development, the rest held-out. It depends on no model and no
 score, repeats for the same seed and corpus, and a document keeps its key when others are added or removed.
 Each half keeps at least MIN_DOCS documents (`settings`), so a text needs 2 * MIN_DOCS.

@@ -77,7 +77,7 @@ def attribute(ranges, launches, kernels) -> list:
     """Kernels with the innermost range around their launch.
 
     ranges: [(category, start, end)] (CPU time); launches: {correlation id: CPU start time};
-    kernels: [(name, start, duration, correlation id)] (device time). Returns [(name, category, duration)] in
+    kernels: [(name, start, duration, correlation id)] (GPU time). Returns [(name, category, duration)] in
     device start order; a kernel whose launch is in no range is "fixed", one with no known launch "unattributed".
     """
     rs = sorted(ranges, key=lambda r: r[1])
