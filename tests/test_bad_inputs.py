@@ -323,6 +323,21 @@ def test_receipts_are_written_atomically(tmp_path, monkeypatch):
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask       # not mkstemp's 0600
 
 
+
+def test_an_overwrite_keeps_the_file_mode(tmp_path):
+    """A file rewritten through atomic_path keeps its mode, whatever the writer does to the temporary file
+    (safetensors recreates it as 0600): as an in-place write would."""
+    from int4lab.files import atomic_path
+    p = tmp_path / "w.bin"
+    p.write_bytes(b"old")
+    os.chmod(p, 0o640)
+    with atomic_path(p) as tmp:
+        tmp.unlink()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, b"new")
+        os.close(fd)
+    assert p.read_bytes() == b"new" and p.stat().st_mode & 0o777 == 0o640
+
 def test_gguf_export_interrupted_leaves_no_partial_file(ctx, tmp_path, monkeypatch):
     """An interrupt while the tensors are written leaves nothing under the final name (and an existing file as it
     was, even with force); --force replaces a file whole."""

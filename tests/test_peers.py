@@ -72,6 +72,15 @@ def test_parse_reads_timings_types_and_unsupported_cases():
                             "reason": "not supported [CUDA0]"}]
 
 
+
+def test_parse_keeps_the_rotating_harness_spread():
+    """The rotating harness prints p10 / p90 of its samples; a GEMV row carries them (a MoE row, a sum of
+    launches, does not: percentiles do not add)."""
+    line = ("  MUL_MAT(type_a=q4_0,type_b=f32,m=4096,n=1,k=4096,copies=64): 20480 runs -     5.10 us/run - "
+            "p10 5.02 p90 5.31\n")
+    timed, _ = ggml_peer.parse(line)
+    assert timed[0]["us"] == 5.10 and (timed[0]["p10_us"], timed[0]["p90_us"]) == (5.02, 5.31)
+
 def test_parse_reads_the_recorded_anchor_format():
     anchors = sorted(report.ANCHORS.glob("ggml_q4_0_*.txt"))
     if not anchors:

@@ -35,6 +35,7 @@ TIMERS = {"": "ggml test-backend-ops perf: eager stream, the same weights re-rea
           "_rot": "harness over ggml: weight copies rotated past 4x L2, ggml CUDA graphs, median of 20 samples of "
                   ">= 16 calls (host wall clock)"}
 _LINE = re.compile(r"^\s*(MUL_MAT(?:_ID)?)\((.*)\):\s+(?:(\d+) runs -\s+([\d.]+) us/run|(.*not supported.*))")
+_SPREAD = re.compile(r"us/run - p10 ([\d.]+) p90 ([\d.]+)")     # the rotating harness's sample spread
 _VAR = re.compile(r"(\w+)=(\[[^\]]*\]|[^,]*)")
 
 
@@ -67,7 +68,8 @@ def cases(types=TYPES) -> list[str]:
 
 def parse(text: str) -> tuple[list[dict], list[dict]]:
     """(timings, unsupported) from test-backend-ops perf output. A timing: op, type, N (= m), K (= k), n,
-    n_mats / n_used (MUL_MAT_ID), runs, us. Lines of other ops or other activation types are ignored."""
+    n_mats / n_used (MUL_MAT_ID), runs, us, and p10_us / p90_us where the line gives them (the rotating harness).
+    Lines of other ops or other activation types are ignored."""
     timed, unsupported = [], []
     for line in text.splitlines():
         hit = _LINE.search(line)
@@ -85,12 +87,21 @@ def parse(text: str) -> tuple[list[dict], list[dict]]:
             unsupported.append({**entry, "reason": hit[5].strip()})
         else:
             timed.append({**entry, "runs": int(hit[3]), "us": float(hit[4])})
+            spread = _SPREAD.search(line)
+            if spread:
+                timed[-1].update(p10_us=float(spread[1]), p90_us=float(spread[2]))
     return timed, unsupported
 
 
 def _find(timed, **key) -> float | None:
-    hits = [t["us"] for t in timed if all(t.get(k) == v for k, v in key.items())]
-    return min(hits) if hits else None
+    hit = _best(timed, **key)
+    return None if hit is None else hit["us"]
+
+
+def _best(timed, **key) -> dict | None:
+    """The fastest timing matching `key` (a case timed twice keeps its better run), or None."""
+    hits = [t for t in timed if all(t.get(k) == v for k, v in key.items())]
+    return min(hits, key=lambda t: t["us"]) if hits else None
 
 
 def _floor_of(rec, **where) -> dict:
@@ -114,13 +125,15 @@ def rows(timed, rec, source: str, way: str = "") -> list[dict]:
             shapes.append((r["model"], r["layer"], r["N"], r["K"]))
     for t in TYPES:
         for model, layer, N, K in shapes:
-            us = _find(timed, op="MUL_MAT", type=t, N=N, K=K, n=1)
-            if us is None:
+            hit = _best(timed, op="MUL_MAT", type=t, N=N, K=K, n=1)
+            if hit is None:
                 continue
+            us = hit["us"]
             nbytes = weight_bytes(t, N, K) + 4 * (N + K)           # f32 activation in, f32 out
+            spread = {k: hit[k] for k in ("p10_us", "p90_us") if k in hit}
             out.append({"model": model, "layer": layer, "N": N, "K": K, "E": 1, "topk": 1, "rows": 1,
                         "impl": f"llamacpp_{t}{way}", "us": us, "GBps": nbytes / (us * 1e3), "bytes": nbytes,
-                        **_floor_of(rec, model=model, layer=layer, N=N, K=K), **base})
+                        **spread, **_floor_of(rec, model=model, layer=layer, N=N, K=K), **base})
         for name, m in MODELS.items():
             H, I, E, A = m.hidden, m.intermediate, m.n_experts, m.top_k
             key = {"op": "MUL_MAT_ID", "type": t, "n": 1, "n_mats": E, "n_used": A}
