@@ -323,28 +323,21 @@ def llamacpp_numerics(activations: str = "q8_0", outputs: str = "fp32"):
 def paired_bootstrap(nll_a: torch.Tensor, nll_b: torch.Tensor, reps: int = BOOTSTRAP, seed: int = 0,
                      groups: torch.Tensor | None = None) -> dict:
     """Relative perplexity difference ppl_b / ppl_a - 1 over equal-size windows, with a 95% paired
-    bootstrap CI: windows resampled with replacement, the same draw for both; with `groups` (int [W], e.g. the
-    document of each window), whole groups are resampled (a cluster bootstrap, as the gate resamples documents)."""
+    bootstrap CI: the gate's own (`int4lab.gate.stats.paired_ci`), whole groups resampled with replacement, the
+    same draw for both; `groups` (int [W]) is the document of each window (None: each window its own group)."""
+    from int4lab.gate.stats import paired_ci
     if nll_a.shape != nll_b.shape or nll_a.dim() != 1 or nll_a.numel() < 2:
         raise ValueError("nll_a and nll_b must be 1-D tensors of the same length >= 2 (one NLL per window)")
-    d = (nll_b - nll_a).double()
-    if groups is None:
-        groups = torch.arange(d.numel())
-    groups = torch.as_tensor(groups, dtype=torch.int64)
-    if groups.shape != d.shape:
-        raise ValueError(f"groups must hold one id per window ({d.numel()}), got shape {tuple(groups.shape)}")
-    _, gid = torch.unique(groups, return_inverse=True)
-    G = int(gid.max()) + 1
+    groups = torch.arange(nll_a.numel()) if groups is None else torch.as_tensor(groups, dtype=torch.int64)
+    if groups.shape != nll_a.shape:
+        raise ValueError(f"groups must hold one id per window ({nll_a.numel()}), got shape {tuple(groups.shape)}")
+    G = int(torch.unique(groups).numel())
     if G < 2:
         raise ValueError("the bootstrap needs at least 2 groups (documents)")
-    sums = torch.zeros(G, dtype=torch.float64).index_add_(0, gid, d)
-    counts = torch.zeros(G, dtype=torch.float64).index_add_(0, gid, torch.ones_like(d))
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, G, (reps, G), generator=g)
-    boot = torch.exp(sums[idx].sum(-1) / counts[idx].sum(-1)) - 1
-    lo, hi = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
-    return {"rel": math.exp(d.mean().item()) - 1, "ci95": [lo, hi], "reps": reps, "seed": seed,
-            "windows": d.numel(), "groups": G, "ci_contains_zero": lo <= 0.0 <= hi}
+    ci = paired_ci(nll_b.double().numpy(), nll_a.double().numpy(), groups.numpy(), n_boot=reps, seed=seed,
+                   p99=False)["rel"]
+    return {"rel": ci["value"], "ci95": [ci["lo"], ci["hi"]], "reps": reps, "seed": seed,
+            "windows": nll_a.numel(), "groups": G, "ci_contains_zero": ci["lo"] <= 0.0 <= ci["hi"]}
 
 
 # Two engines are called equivalent on an arm when the paired 95 % CI of ppl_llama.cpp / ppl_ours - 1 lies inside
