@@ -317,6 +317,16 @@ def main(argv=None) -> int:
             ap.error(f"--{name.replace('_', '-')} must be positive")
     if args.seq_len > 512:
         ap.error("--seq-len must be at most 512 (the configs' max_position_embeddings)")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        ap.error(f"--lr must be a positive finite learning rate, got {args.lr}")
+    if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
+        ap.error(f"--weight-decay must be a finite number >= 0, got {args.weight_decay}")
+    if args.time_budget is not None and not (math.isfinite(args.time_budget) and args.time_budget > 0):
+        ap.error(f"--time-budget must be a positive number of seconds (or left out), got {args.time_budget}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: torch sees no CUDA device here; use --device cpu")
+    if not (args.device == "cpu" or args.device.startswith("cuda")):
+        ap.error(f"--device must be cpu or cuda[:N], got {args.device!r}")
     archs = ARCHS if args.arch == "all" else (args.arch,)
     try:
         check_outputs(args, archs)

@@ -9,6 +9,7 @@
 """
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -236,6 +237,22 @@ def test_cli_refuses_an_unusable_output_before_any_work(main, argv, match, tmp_p
 
 
 # ---------------------------------------------------------------------------------------------- lab.train
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--lr", "-1"], r"--lr must be a positive finite"), (["--lr", "nan"], r"--lr must be a positive finite"),
+    (["--weight-decay", "-0.1"], r"--weight-decay must be a finite number >= 0"),
+    (["--time-budget", "0"], r"--time-budget must be a positive number"),
+    (["--device", "gpu7"], r"--device must be cpu or cuda"),
+    *([(["--device", "cuda"], r"--device cuda: torch sees no CUDA device")] if not torch.cuda.is_available() else []),
+])
+def test_train_refuses_bad_settings_before_any_work(flags, match, capsys, monkeypatch):
+    """Each bad setting is one line naming the flag (exit 2) before the corpus is read or a model built."""
+    from lab import train
+    monkeypatch.setattr(train, "train_one", lambda *a: pytest.fail("trained despite a bad setting"))
+    with pytest.raises(SystemExit) as e:
+        train.main(["--arch", "olmoe", *flags])
+    assert e.value.code == 2 and re.search(match, capsys.readouterr().err)
 
 def test_train_writes_under_runs_unless_told(monkeypatch, tmp_path):
     """The defaults are runs/models and runs/ (never data/models, data/receipts), and a checkpoint directory is
