@@ -4,7 +4,7 @@ PR's tables recomputed from the layout's construction, and the interleave derive
 Shape legend: K = in features, N = out features (Paddle's convention: the float weight is x [K, N]).
 
 The layout itself (its three constructions, `weight_quantize`, the int4-b32 transcode) is `cutlass_layout.py`;
-this module explains it and is what chapter 01b and tests/test_cutlass_layout.py hold it to.
+this module explains it and is what chapter 01b and tests/lib/test_cutlass_layout.py hold it to.
 """
 from __future__ import annotations
 

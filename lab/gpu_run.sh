@@ -3,7 +3,7 @@
 # limit (a failing stage loses only itself). On the GPU machine, from the repository root:
 #   INT4LAB_GIT_COMMIT=<sha> STAGES=checks bash lab/gpu_run.sh
 # Give the commit literally: the copy on the GPU machine travels without a trustworthy .git, and a receipt
-# must name the clean commit it measured (tests/test_receipts.py refuses a dirty or unknown one).
+# must name the clean commit it measured (tests/repo/test_receipts.py refuses a dirty or unknown one).
 # Stages (comma list in STAGES; each fits one call of under 10 minutes, `checks,bench` does not):
 #   checks   the CUDA tests of everything that runs on the GPU, 100 graph replays bit-identical with the split-K
 #            counters back at zero (lab.tune.replay_check), and compute-sanitizer's memcheck, racecheck,
@@ -24,7 +24,7 @@
 #            both from source carried in .peers/ (git-ignored), or skips when .peers/ is absent. Writes
 #            decode_<card>.json, ggml_<card>.txt, ggml_cases.txt and the build logs under peers/.
 #   prefill  many-row int4 scoring against bf16 and the decode path, paired in alternating rounds in one process,
-#            and the rows sweep that sets PREFILL_MIN_ROWS (lab.prefill_bench)
+#            and the rows sweep that sets PREFILL_MIN_ROWS (lab.bench.prefill)
 # Writes under $OUT, every receipt named for the card (h100 / h200): cuda_tests_<card>.txt, replay_check.json,
 # sanitizer_<card>.txt, decode_<card>.json, decode_step_<card>.json, decode_step_qwen2_moe_<card>.json,
 # realscale_gate_olmoe_<card>.json,
@@ -49,9 +49,10 @@ has() { [[ ",$STAGES," == *",$1,"* ]]; }      # exact stage names: gate is not g
 
 if [[ $STAGES == *checks* ]]; then
   stage "CUDA tests"
-  timeout ${TESTS_S:-200} python3 -m pytest -q -m "not notebook" -p no:cacheprovider ${TESTS:-tests/test_kernels.py \
-    tests/test_prefill.py tests/test_ops.py tests/test_fused.py tests/test_attention.py tests/test_fused_layer.py \
-    tests/test_decode_step.py tests/test_w4a16_cutlass.py tests/test_dither.py} \
+  timeout ${TESTS_S:-200} python3 -m pytest -q -m "not notebook" -p no:cacheprovider ${TESTS:-tests/lib/test_kernels.py \
+    tests/lib/test_prefill.py tests/lib/test_ops.py tests/lib/test_fused.py tests/lib/test_attention.py \
+    tests/lib/test_fused_layer.py tests/lab/test_decode_step.py tests/lib/test_w4a16_cutlass.py \
+    tests/lib/test_dither.py} \
     2>&1 | tee "$OUT/cuda_tests_$card.txt" | tail -8
   stage "graph replays"
   timeout 90 python3 -m lab.tune.replay_check --out "$OUT/replay_check.json" | tail -3
@@ -100,7 +101,7 @@ if has qwen2moe; then
 fi
 if has prefill; then
   stage "prefill"
-  timeout ${PREFILL_S:-300} python3 -m lab.prefill_bench --out "$OUT/prefill_$card.json" --rounds ${PREFILL_ROUNDS:-6} \
+  timeout ${PREFILL_S:-300} python3 -m lab.bench.prefill --out "$OUT/prefill_$card.json" --rounds ${PREFILL_ROUNDS:-6} \
     --repeats 5 --sweep 16,32,64,128,256,512,1024,2048,4096,8192 2>&1 | tail -16
 fi
 if has gate; then
@@ -111,8 +112,8 @@ if has gate; then
 fi
 if has gate_full; then
   stage "dither on CUDA against the CPU"
-  timeout 45 python3 -m pytest -q -p no:cacheprovider tests/test_dither.py 2>&1 | tee "$OUT/dither_cuda_$card.txt" | tail -2
-  timeout 40 python3 -m lab.bench_pack --device cuda --impls rtn rtn_dithered --repeats 5 --no-write 2>&1 \
+  timeout 45 python3 -m pytest -q -p no:cacheprovider tests/lib/test_dither.py 2>&1 | tee "$OUT/dither_cuda_$card.txt" | tail -2
+  timeout 40 python3 -m lab.bench.pack --device cuda --impls rtn rtn_dithered --repeats 5 --no-write 2>&1 \
     | tee -a "$OUT/dither_cuda_$card.txt" | tail -4
   stage "gate at full depth: OLMoE 16 layers"
   rm -rf /dev/shm/rsg_full

@@ -280,7 +280,7 @@ def llamacpp_numerics(activations: str = "q8_0", outputs: str = "fp32"):
     activations "q8_0": `q8_0_activations` (ggml's x86 rule: fp16 scale); "ours": `quant_x_rows_ref` (float32
     scale). outputs "fp32": each projection's output and the expert combine stay float32, as ggml's are; "bf16":
     each rounded to bf16 as our kernels do. ("q8_0", "fp32") is llama.cpp's side; ("ours", "bf16") computes what
-    our model computes without the context, bit for bit (tests/test_llamacpp.py); the two mixed ones split the gap.
+    our model computes without the context, bit for bit (tests/lab/test_llamacpp.py); the two mixed ones split the gap.
     """
     from int4lab import quantize as qz
     if activations not in NUMERICS_ACTIVATIONS or outputs not in NUMERICS_OUTPUTS:

@@ -25,7 +25,7 @@ per expert: notes/kernels.md, "Grouped rows").
 
 Numerics: the same integers, the same float32 products (ws * xs) * bsum in the same order, the same fold
 over the blocks (epilogue.fold_blocks) and the same split-K / combine finish as the routed GEMV, so with the
-same block_k and split_k the two give the same bits (tests/test_kernels.py checks it).
+same block_k and split_k the two give the same bits (tests/lib/test_kernels.py checks it).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ Contract (x and weight of one float dtype, all arithmetic in float32):
     n = round_dtype(x * rsqrt(v + eps))     (the module's `hidden_states.to(input_dtype)`)
     y = round_dtype(weight * n)             (a bf16 x bf16 product is exact in float32: one rounding)
 The sum's order is not torch's and rsqrt is the GPU's (libdevice, what torch calls; the interpreter's is
-numpy's), so an element can differ from the module by one ulp of the dtype (tests/test_fused.py bounds it).
+numpy's), so an element can differ from the module by one ulp of the dtype (tests/lib/test_fused.py bounds it).
 
 Bytes per call: read R*N + N (weight), write R*N, in the dtype: the floor is one read of x.
 add_rms_norm_kernel: a decoder layer's residual add and the following RMSNorm in one launch (s = round(res + x),

@@ -19,7 +19,7 @@ per MoE layer. Here:
     (shapes, strides, dtypes, devices of every tensor) and never again for it; the ids' range is never read
     back (`_checks.ids_unread`): an id outside [0, E) gives a NaN row, the kernels' guard, as under capture;
   * plans: resolved once per (shape, device) and kept; plan.py's table is a pure function of them, so the
-    bits are those of the public launchers (tests/test_ops.py);
+    bits are those of the public launchers (tests/lib/test_ops.py);
   * torch.compile: each entry is a `torch.library.custom_op` with a fake implementation (shapes and dtypes
     only), so dynamo sees one opaque op per call and inductor fuses the glue around it. Eager calls skip the
     dispatcher round trip and run the implementation directly (same function, same bits).

@@ -31,13 +31,13 @@ Numerics of (b), per output y[r, n] = sum_k a[r, k] * w[n, k], against `int4_mat
   * Bound, with S = sum_k |a_k w_k|, g = (K + 1) * 2**-23 (a float32 sum in any order, each addition within
     one float32 ulp, covering tensor cores' truncating adds), for bf16 outputs y' (prefill) and y (ref):
         |y' - y| <= (2u + u^2 + 2g(1 + u)^2) * S + u * (|y'| + |y|) / (1 - u)    (W4A16: u in place of 2u + u^2)
-    tests/test_prefill.py asserts it, and that y' is the bf16 of the float64 sum of the rounded operands
+    tests/lib/test_prefill.py asserts it, and that y' is the bf16 of the float64 sum of the rounded operands
     up to the float32 summation term alone (each operand rounded once, nothing else).
   * Size of the change: bf16(w) moves a weight by <= 2**-8 |w| <= s_w / 32, 1/16 of int4's own rounding
     (s_w / 2). bf16(a) moves an activation by <= 2**-8 |a| <= amax / 256, as much as int8's own rounding
     (s_x / 2 = amax / 254) at the block's largest values: up to twice the decode kernels' activation error
     per value, under 1.1x in rms for codes uniform in [-127, 127] and under 1.06x for Gaussian activations
-    (asserted in tests/test_prefill.py). lab/prefill_bench measures the effect on logits.
+    (asserted in tests/lib/test_prefill.py). lab.bench.prefill measures the effect on logits.
   * Why not fp16 operands (u = 2**-11): the GEMM needs one dtype for both, and fp16's range (65504, and
     subnormals below 2**-14) would need per-row scaling and range checks for activations and for scales
     above 8188, an fp32 GEMM output and a rescale epilogue: not simple; bf16 keeps float32's range.

@@ -11,7 +11,7 @@ Contract (x [T, H] and the router weight [E, H] of one float dtype):
     p       = softmax(logits) in float32                 exp is the GPU's libdevice expf (torch's), IEEE division
     ids     = the A largest p, largest first; equal p: the lower expert first -> int64 [T, A]
     weights = p[ids], divided by their float32 sum when `renorm` -> [T, A] in `weights_dtype`
-So it is the router's math up to the order of the float32 sums; tests/test_fused.py checks each rounding
+So it is the router's math up to the order of the float32 sums; tests/lib/test_fused.py checks each rounding
 against a float64 reference computed from the kernel's own logits.
 
 Grid (T, E tiles): each program computes BLOCK_E logits of one token, then counts its arrival; the last of a

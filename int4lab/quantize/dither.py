@@ -9,7 +9,7 @@ is stream element p + i, so packing a layer a few experts at a time gives the by
 
 Two implementations of one function: integer torch ops (any device; the reference) and one Triton kernel
 (CUDA), bit-identical because the hash is exact integer arithmetic and the float step is one IEEE product of
-an integer below 2**23 in magnitude by a float32 scale. tests/test_dither.py checks both against a numpy
+an integer below 2**23 in magnitude by a float32 scale. tests/lib/test_dither.py checks both against a numpy
 uint64 reference, on CUDA as well where a GPU exists.
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ when every weight it decodes serves, on average, at least `prefill_min_rows` row
 R * k / E for an Int4Experts (the mean routed rows per expert). The module attribute defaults to
 PREFILL_MIN_ROWS; `prefill_rows(model, n)` changes it for a block (0: always, None: never).
 
-Off by default (PREFILL_MIN_ROWS = None) until a paired run of `python -m lab.prefill_bench` (the prefill path,
+Off by default (PREFILL_MIN_ROWS = None) until a paired run of `python -m lab.bench.prefill` (the prefill path,
 the decode path and bf16 in alternating rounds of one process) shows it at or above 0.8x bf16's tokens/s;
 notes/realscale.md says where that stands. Scoring runs through the decode kernels;
 `with prefill_rows(model, 64):` turns the path on for a run.
@@ -18,7 +18,7 @@ tensor cores pay that back through the rows each decoded weight serves, so the b
 rows per weight, the same for a dense layer and for one expert. Decode steps have 1-16 tokens: at most 16
 rows per dense weight, and for experts 16 * k / E rows (2 for OLMoE's 8 of 64), below 64; a scoring batch
 of 16 x 256 tokens has 4096 rows per dense weight and 512 per OLMoE expert, far above. 64 (4x the largest
-decode step) is a choice between those, not a measured crossover: `python -m lab.prefill_bench --sweep`
+decode step) is a choice between those, not a measured crossover: `python -m lab.bench.prefill --sweep`
 times both paths per row count on the GPU, and the constant should follow its receipt.
 """
 from __future__ import annotations

@@ -31,6 +31,9 @@ Modules: schema (receipt keys, validation), traffic (byte formulas), timing (the
 peers built outside the repository: marlin_peer (Marlin W4A16 through ctypes, skipped where not built),
 ggml_peer (llama.cpp's CUDA backend: its case list, its output parsed and merged into the receipt), and
 peer_table (every implementation over its own read floor).
+Beside the decode harness, two benches of their own: pack (`python -m lab.bench.pack`: GPTQ and dithered pack
+time beside round-to-nearest) and prefill (`python -m lab.bench.prefill`: scoring forwards, bf16 against int4
+through the decode kernels and through the prefill path).
 Shapes come from `lab.bench.shapes`.
 
 Shape legend: E = experts, N = out features, K = in features, R = rows (tokens), H = hidden, I = expert

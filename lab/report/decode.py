@@ -243,7 +243,7 @@ def best_ours_moe(rec, model: str, rows: int) -> float | None:
 def moe_tile(model: str, tokens: int, generation: str = "sm90"):
     """The grouped path's gate_up tile (a plan.GroupedPlan, before split-K) for `tokens` tokens of `model` on
     `generation`: the row of plan.GROUPED_TABLE that plan.grouped_plan takes there, read without a device of that
-    generation (tests/test_bench.py checks the two agree)."""
+    generation (tests/lab/test_bench.py checks the two agree)."""
     from int4lab.kernels import plan
     m = MODELS[model]
     L = tokens * m.top_k

@@ -293,7 +293,7 @@ def test_collect_hessians_routes_rows_per_expert():
 # ---- pack-time harness -------------------------------------------------------------------------------
 
 def test_bench_pack_rows_and_cli(capsys):
-    from lab import bench_pack
+    from lab.bench import pack as bench_pack
     rows = bench_pack.bench_pack([(32, 64)], "cpu", repeats=1)
     assert [r["impl"] for r in rows] == list(bench_pack.IMPLS)
     assert all(r["N"] == 32 and r["K"] == 64 and r["device"] == "cpu" and r["seconds"] > 0 for r in rows)

@@ -148,7 +148,7 @@ def _export(argv):
 
 
 def _prefill(argv):
-    from lab import prefill_bench
+    from lab.bench import prefill as prefill_bench
     return prefill_bench.main(argv)
 
 
@@ -168,7 +168,7 @@ def _replay(argv):
 
 
 def _bench_pack(argv):
-    from lab import bench_pack
+    from lab.bench import pack as bench_pack
     return bench_pack.main(argv)
 
 
@@ -212,7 +212,7 @@ CLI = [
 def test_cli_refuses_an_unusable_output_before_any_work(main, argv, match, tmp_path, capsys, monkeypatch):
     from lab import realscale, realscale_gate, synth, train
     from lab.bench import cli as bench_cli
-    from lab import bench_pack, prefill_bench
+    from lab.bench import pack as bench_pack, prefill as prefill_bench
     from lab.bench import decide
     from lab.decode_step import bench as step_bench
     from lab.tune import replay_check

@@ -1,5 +1,5 @@
 """Bad command-line values refused before any work, with one `error: ...` line naming the flag and the rule
-(exit 2); and the CLIs that must not touch committed files: bench_pack's default output, notebooks --no-write's
+(exit 2); and the CLIs that must not touch committed files: lab.bench.pack's default output, notebooks --no-write's
 figures, an interrupted synth.
 
 Each CLI runs in-process with its expensive step replaced by a tripwire, so a case that gets past the checks
@@ -29,8 +29,9 @@ def _tripwire(*a, **k):
 @pytest.fixture
 def trip(monkeypatch):
     """Replace each CLI's expensive step by the tripwire."""
-    from lab import bench_pack, llamacpp, prefill_bench, realscale, realscale_gate, synth
+    from lab import llamacpp, realscale, realscale_gate, synth
     from lab.bench import cli as bench_cli
+    from lab.bench import pack as bench_pack, prefill as prefill_bench
     from lab.decode_step import bench as ds_bench
     from lab.tune import sweep
     for mod, attr in ((gate_cli, "run_gate"), (export, "build_model"), (realscale_gate, "measure_depth"),
@@ -45,7 +46,7 @@ def _main(name):
     import importlib
     mod = {"gate": "int4lab.gate.cli", "export": "int4lab.export", "rsg": "lab.realscale_gate",
            "decode": "lab.decode_step.cli", "llamacpp": "lab.llamacpp", "bench": "lab.bench.cli",
-           "bench_pack": "lab.bench_pack", "prefill": "lab.prefill_bench", "sweep": "lab.tune.sweep",
+           "bench_pack": "lab.bench.pack", "prefill": "lab.bench.prefill", "sweep": "lab.tune.sweep",
            "synth": "lab.synth", "notebooks": "lab.notebooks", "realscale": "lab.realscale"}[name]
     return importlib.import_module(mod).main
 
@@ -93,13 +94,13 @@ CASES = [
     pytest.param("bench", ["--dry-run", "--only", ""], r"--only must name at least one"),
     pytest.param("bench", ["--dry-run", "--replays", "5"], r"--replays must be >= 20"),
     pytest.param("bench", ["--dry-run", "--budget-s", "-1"], r"--budget-s must be a finite number >= 0"),
-    # bench_pack
+    # lab.bench.pack
     ("bench_pack", ["--shapes", "0x64", "--no-write"], r"--shapes 0x64: N must be >= 1"),
     ("bench_pack", ["--shapes", "64x33", "--no-write"], r"--shapes 64x33: .*multiple of 32"),
     ("bench_pack", ["--shapes", "64x64", "--repeats", "0", "--no-write"], r"--repeats must be an int >= 1"),
     *([("bench_pack", ["--device", "cuda", "--no-write"], r"--device cuda: no CUDA device here")]
       if not torch.cuda.is_available() else []),
-    # prefill_bench
+    # lab.bench.prefill
     ("prefill", ["--arch", "olmoe", "--width", "tiny", "--layers", "0", "--out", "{tmp}/p.json"],
      r"--layers must be an int in \[1, 16\]"),
     ("prefill", ["--arch", "olmoe", "--width", "tiny", "--layers", "1", "--out", "{tmp}"], r"--out .* is a directory"),
@@ -176,8 +177,8 @@ def test_export_refuses_a_checkpoint_with_an_extra_tensor(tmp_path, capsys):
 
 def test_bench_pack_writes_runs_by_default(tmp_path, monkeypatch):
     """A toy run never replaces the committed receipt: the default output is runs/, data/receipts/ only by --out."""
-    from lab import bench_pack
     from lab import paths
+    from lab.bench import pack as bench_pack
     monkeypatch.setattr(paths, "RUNS", tmp_path / "runs")
     published = {p: os.stat(p).st_mtime_ns for p in PUBLISHED if p.exists()}
     assert bench_pack.main(["--shapes", "32x64", "--impls", "rtn", "--repeats", "1"]) == 0

@@ -4,7 +4,6 @@ configuration is the one the benches and lab.synth read; and no code outside the
 architecture's name."""
 import dataclasses
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,8 +12,8 @@ from int4lab import archs
 from int4lab.archs import ARCHS, arch_of, get
 from int4lab.models.configs import tiny_config
 from int4lab.quantize import layout
+from lab.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 NAMES = list(ARCHS)
 
 

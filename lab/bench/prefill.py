@@ -1,7 +1,7 @@
 """Scoring forwards: bf16 against int4 through the decode kernels and through the prefill path.
 
-    python -m lab.prefill_bench --out data/receipts/prefill_h100.json --sweep 16,64,256,1024,4096   # a GPU
-    python -m lab.prefill_bench --arch mixtral --width tiny --layers 1 --batches 1x8 --out p.json  # CPU
+    python -m lab.bench.prefill --out data/receipts/prefill_h100.json --sweep 16,64,256,1024,4096   # a GPU
+    python -m lab.bench.prefill --arch mixtral --width tiny --layers 1 --batches 1x8 --out p.json  # CPU
 
 The model is a synthetic checkpoint's, built in memory (lab.synth: the published configuration cut to
 --layers decoder layers, random normal(0, initializer_range) weights, bf16), and a quantised copy of it beside
@@ -288,7 +288,7 @@ def _rows(s: str):
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m lab.prefill_bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m lab.bench.prefill", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", choices=ARCHS, default="olmoe")
     ap.add_argument("--layers", type=int, default=4, help="decoder layers of the synthetic model")
@@ -329,7 +329,7 @@ def main(argv=None) -> int:
         return 2
     payload = run(args.arch, args.layers, args.width, args.act, args.targets, args.batches, args.warmup,
                   args.repeats, args.sweep, args.seed, args.device, rounds=args.rounds)
-    command = "python -m lab.prefill_bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m lab.bench.prefill " + " ".join(argv if argv is not None else sys.argv[1:])
     write_receipt(args.out, payload, command=portable_command(command))
     for r in payload["rows"]:
         lo, hi = r["prefill_over_bf16_rounds"]["min"], r["prefill_over_bf16_rounds"]["max"]

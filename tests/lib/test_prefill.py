@@ -356,7 +356,7 @@ def test_bad_arguments_are_refused(device):
 # ------------------------------------------------------------------------------------------ the lab script
 
 def test_prefill_bench_threshold_reads_the_crossover():
-    from lab.prefill_bench import threshold
+    from lab.bench.prefill import threshold
     rows = [{"module": "attn", "rows": R, "prefill_over_decode_speed": v} for R, v in ((16, 0.5), (64, 1.2),
                                                                                       (256, 0.9), (1024, 2.0))]
     rows += [{"module": "experts", "rows": R, "prefill_over_decode_speed": v} for R, v in ((64, 0.8), (256, 1.5))]
@@ -368,11 +368,11 @@ def test_prefill_bench_threshold_reads_the_crossover():
 
 
 def test_prefill_bench_runs_end_to_end_at_tiny_width(tmp_path, device):
-    """lab.prefill_bench on a 1-layer tiny Mixtral, 4 tokens (on a CPU the kernels run in the interpreter): the
+    """lab.bench.prefill on a 1-layer tiny Mixtral, 4 tokens (on a CPU the kernels run in the interpreter): the
     receipt holds the three arms, the ratios, the logits differences and the sweep."""
     import json
 
-    from lab.prefill_bench import main
+    from lab.bench.prefill import main
     out = tmp_path / "p.json"
     assert main(["--arch", "mixtral", "--width", "tiny", "--layers", "1", "--batches", "1x4", "--warmup", "0",
                  "--repeats", "1", "--rounds", "2", "--sweep", "2,8", "--device", device, "--out", str(out)]) == 0
@@ -393,4 +393,4 @@ def test_prefill_bench_runs_end_to_end_at_tiny_width(tmp_path, device):
                                                                 ("experts", 8)]
     assert set(rec["threshold"]) >= {"attn", "experts", "suggested_prefill_min_rows", "rule"}
     assert rec["settings"]["rounds"] == 2
-    assert "lab/prefill_bench.py" in rec["provenance"]["sources"]["files"] and rec["provenance"]["command"].startswith("python -m lab.prefill_bench")
+    assert "lab/bench/prefill.py" in rec["provenance"]["sources"]["files"] and rec["provenance"]["command"].startswith("python -m lab.bench.prefill")

@@ -1,5 +1,5 @@
 """Bad inputs to the quantised models and their checkpoints: one behaviour per input on every path, and a refused
-load leaves the model as it was (tests/test_bad_inputs.py holds the first round of cases)."""
+load leaves the model as it was (tests/lib/test_bad_inputs.py holds the first round of cases)."""
 import json
 
 import pytest

@@ -1,9 +1,9 @@
 """Pack-time benchmark: how long GPTQ and a lottery ticket (dithered round-to-nearest) take to pack one layer,
 next to round-to-nearest.
 
-    python -m lab.bench_pack                              # 1024x4096 on the CPU
-    python -m lab.bench_pack --device cuda                # 14336x4096 (and 1024x4096) on the GPU
-    python -m lab.bench_pack --shapes 4096x4096 --repeats 5 --no-write
+    python -m lab.bench.pack                              # 1024x4096 on the CPU
+    python -m lab.bench.pack --device cuda                # 14336x4096 (and 1024x4096) on the GPU
+    python -m lab.bench.pack --shapes 4096x4096 --repeats 5 --no-write
 
 Shape legend: N = out features, K = in features.
 
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
         if hasattr(os, "getloadavg"):     # a shared CPU slows every row: record how busy it was
             payload["loadavg_1m_after"] = os.getloadavg()[0]
         path = write_receipt(out, payload,
-                             command="python -m lab.bench_pack " + " ".join(argv if argv is not None
+                             command="python -m lab.bench.pack " + " ".join(argv if argv is not None
                                                                                else sys.argv[1:]))
         print(f"wrote {path}")
     return 0
