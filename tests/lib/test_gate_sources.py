@@ -139,6 +139,25 @@ def test_cli_gate_on_user_files(tmp_path, tok, capsys):
     assert r["arms"]["gptq/experts/W4A8 draw#0"]["quant_report"]["calib_tokens"] == 256
 
 
+
+def test_the_readme_own_documents_command_runs(tmp_path, capsys, monkeypatch):
+    """The README's own-documents command, as printed (its files made here), with quick settings appended."""
+    import shlex
+    from lab.paths import ROOT
+    line = next(ln for ln in (ROOT / "README.md").read_text().splitlines()
+                if ln.startswith("python -m int4lab.gate") and "--texts" in ln and "--calib-text" in ln)
+    argv = shlex.split(line)[3:]
+    monkeypatch.chdir(tmp_path)
+    write_txt(tmp_path / "my_docs.txt", paragraphs(2 * MIN_DOCS, split="test"))
+    write_jsonl(tmp_path / "my_docs.jsonl", paragraphs(2 * MIN_DOCS, split="ood"))
+    write_txt(tmp_path / "calib.txt", paragraphs(40, chars=2000, split="train"))
+    rc = gate.main(argv + ["--lottery", "1", "--calib-draws", "1", "--calib-tokens", "256", "--calib-len", "32",
+                           "--min-rows", "8", "--window", "32", "--max-docs", "20", "--boot", "200",
+                           "--parity-steps", "0", "--no-floor", "--quiet", "--out", str(tmp_path / "r.json")])
+    assert rc == 0, capsys.readouterr().err
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert list(r["texts"]) == ["my_docs.txt", "my_docs.jsonl"] and r["settings"]["calib_text"]["sha256"]
+
 def test_cli_refuses_bad_sources_before_loading(tmp_path, capsys):
     few = write_txt(tmp_path / "few.txt", paragraphs(3))
     assert gate.main(["--model", "olmoe", "--texts", str(few)]) == 2
