@@ -43,7 +43,9 @@ def block_scales(w: torch.Tensor) -> torch.Tensor:
 
 
 def check_scale_range(s: torch.Tensor, name: str = "w") -> None:
-    """A float32 scale above fp16's largest finite value cannot be stored: refuse it."""
+    """Refuse a float32 scale above fp16's largest finite value, 65504. Round-to-nearest would store a scale in
+    (65504, 65520) as 65504 (an error under half an ulp) and only one >= 65520 as inf: refusing all of them is
+    the packer's conservative choice, not something storage forces."""
     big = s > FP16_MAX
     if bool(big.any()):
         raise ValueError(

@@ -69,15 +69,18 @@ def gain(res: dict, method: str = "gptq") -> tuple[float, float]:
     return res[method]["in"] / res["rtn"]["in"], res[method]["out"] / res["rtn"]["out"]
 
 
-def synthetic_map(shared_levels, skews, seeds, N: int, K: int, R: int) -> list[dict]:
+def synthetic_map(shared_levels, skews, seeds, N: int, K: int, R: int, paired: bool = False) -> list[dict]:
     """The map: for each correlation level (`synthetic_activations`' `shared`: 0 = independent channels), skew
     and seed, a fresh w [N, K] (std 0.02), R calibration and R held-out rows; GPTQ's gain in and out of sample.
+    paired=True: one seed draws the same w and the same normal draws at every skew (only the channel scales'
+    exponent changes), so ratios between skews can be taken seed by seed.
     Rows: {"shared", "skew", "seed", "erank", "skew_H", "gain_in", "gain_out"} (erank and skew_H from H_cal)."""
     rows = []
     for shared in shared_levels:
         for skew in skews:
             for seed in seeds:
-                g = torch.Generator().manual_seed(int(seed) * 7919 + int(100 * shared) * 31 + int(100 * skew))
+                g = torch.Generator().manual_seed(int(seed) * 7919 + int(100 * shared) * 31
+                                                  + (0 if paired else int(100 * skew)))
                 w = torch.randn(N, K, generator=g) * 0.02
                 x = synthetic_activations(2 * R, K, skew=skew, shared=shared, generator=g)
                 Hc, He = hessian(x[:R]), hessian(x[R:])
@@ -87,7 +90,7 @@ def synthetic_map(shared_levels, skews, seeds, N: int, K: int, R: int) -> list[d
     return rows
 
 
-def seed_example(seed: int, N: int = 64, K: int = 256, R: int = 1024) -> dict:
+def gnf4_page_example(seed: int, N: int = 64, K: int = 256, R: int = 1024) -> dict:
     """The calibration example of the int4-decode-gemv solution page of grouped-nf4-gemm, as written there:
     w = randn(N, K) · 0.1, x = randn(R, K) · logspace(-1, 1, K) (independent, skewed input channels), GPTQ on
     H of x; its error read on x (in sample, as the page does) and on a second, fresh x of the same law (held out).

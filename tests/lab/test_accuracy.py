@@ -50,3 +50,15 @@ def test_bits_and_ulps():
     b.view(torch.int16)[2] += 1
     assert accuracy.ulps_apart(a, a) == 0 and accuracy.ulps_apart(a, b) == 1
     assert accuracy.bits(a).dtype == torch.int16
+
+
+def test_bf16_once_rounds_float64_once_where_torch_rounds_twice():
+    # 1 + 2^-8 is a bf16 tie; the 2^-40 above it is lost in float32, so float64 -> float32 -> bf16 goes to 1.0
+    x = torch.tensor([1 + 2 ** -8 + 2 ** -40, -(1 + 2 ** -8 + 2 ** -40), 1 + 2 ** -8, 1 + 3 * 2 ** -8, 0.0],
+                     dtype=torch.float64)
+    assert accuracy.bf16_once(x).tolist() == [1 + 2 ** -7, -(1 + 2 ** -7), 1.0, 1 + 2 ** -6, 0.0]
+    assert x[0].to(torch.bfloat16).item() == 1.0
+    g = torch.Generator().manual_seed(0)
+    y = torch.randn(10_000, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-8, 8, (10_000,), generator=g)
+    once, lo = accuracy.bf16_once(y), y.float().bfloat16()
+    assert (once.double() - y).abs().le((lo.double() - y).abs()).all()      # never farther than torch's cast

@@ -204,6 +204,7 @@ CLI = [
     (_decide, ["--spec", "gemv:4096x4096", "--rounds", "2", "--out", "{tmp}/d.json"], r"--rounds must be >= "),
     (_sweep, ["--out", "{tmp}"], r"--out '.*' is a directory"),
     (_replay, ["--out", "{fifo}"], r"--out '.*' is a FIFO"),
+    (_replay, ["--replays", "0", "--out", "{tmp}/r.json"], r"--replays must be >= 1"),
     (_bench_pack, ["--shapes", "32x64", "--out", "{link}"], r"--out '.*' is a symbolic link"),
 ]
 

@@ -60,8 +60,8 @@ def test_obs_step_equals_cholesky_row():
         assert torch.allclose(obs[:, 0], -err)
 
 
-def test_seed_example_and_ablation_shapes():
-    e = gs.seed_example(0, N=16, K=64, R=256)
+def test_gnf4_page_example_and_ablation_shapes():
+    e = gs.gnf4_page_example(0, N=16, K=64, R=256)
     assert set(e) == {"rtn_in", "gptq_in", "rtn_out", "gptq_out"} and all(math.isfinite(v) for v in e.values())
     rows = gs.ablation(16, 64, [64, 256], [0.01, 1.0], range(1), skew=1.0, shared=0.0, R_eval=256)
     assert [(r["kind"], r["R"], r["damp"]) for r in rows] == [("rows", 64, 0.01), ("rows", 256, 0.01),
@@ -74,3 +74,13 @@ def test_source_lines_finds_the_update():
     lines = gs.source_lines(gptq.gptq_quantize, ("err1 = (w_col - wq) / d", "W[:, i2:].addmm_"))
     assert len(lines) == 2 and all(isinstance(n, int) and n > 0 for n, _ in lines)
     assert gs.source_lines(gptq.gptq_quantize, ("no such line",)) == []
+
+
+def test_paired_map_draws_the_same_layer_and_rows_at_every_skew():
+    # the effective rank is scale-free: with the same rows at every skew it is the same, up to float32 rounding
+    kw = dict(shared_levels=[1.0], skews=[0.0, 2.0], seeds=range(2), N=16, K=64, R=256)
+    for paired in (True, False):
+        by = {(r["skew"], r["seed"]): r for r in gs.synthetic_map(**kw, paired=paired)}
+        same = [by[(0.0, s)]["erank"] == pytest.approx(by[(2.0, s)]["erank"], rel=1e-3) for s in range(2)]
+        assert all(same) if paired else not any(same)
+        assert all(by[(0.0, s)]["skew_H"] < 0.5 < by[(2.0, s)]["skew_H"] for s in range(2))
