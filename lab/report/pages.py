@@ -10,6 +10,7 @@ from lab.bench.schema import DEFAULT_OUT
 from lab.chapters.decode_step import eager_ratio, eager_text     # chapter 07's rule for an eager slope
 from lab.paths import RECEIPTS
 from lab.provenance import portable_command
+from .runlog import summary_text
 from .decode import END, START, _f, _line, read, reading, refuse_partial
 from .targets import misses_table, targets
 
@@ -160,6 +161,12 @@ def realscale_table(receipts=RECEIPTS) -> str:
                 lines += ["", f"Fitted rows: {r['settings']['extrapolation']}; memory: {mem.get('formula', '–')}."
                           + (f" Fits the fit itself flags: {', '.join(warn)}; a negative predicted extra time counts as 0 s."
                              if warn else "")]
+            if not any(a.get("depths") for a in r.get("archs", {}).values()):
+                lines = [lines[0].replace("stopped before every depth ran", "stopped before any depth finished")
+                         .replace("; the rows below are the depths that finished.", ".")]   # no table to show
+            log = path.with_suffix(".log")
+            if r.get("complete") is False and log.exists():
+                lines += ["", summary_text(log)]
             out.append("\n".join(lines))
     for path in sorted(Path(receipts).glob("prefill_*.json")):
         with reading(path):

@@ -373,3 +373,29 @@ def test_realscale_gate_full_depth_on_the_cpu(tmp_path, monkeypatch):
     assert a["depths"]["2"]["defaults"]["arms"] == {"rtn": 2, "lottery": 32, "gptq": 6}
     assert (f["earlier_fit"] is None) == (rp.earlier_fit(None, "olmoe") is None)
     assert list(work.iterdir()) == []
+
+
+def test_a_stopped_run_log_is_summarised_from_its_lines(tmp_path):
+    """A real-width run stopped before its receipt had a depth: the report reads the phases that finished from the
+    stage log beside it, figures as printed there."""
+    from lab.report import runlog
+    text = ("[03:21:31 +  21.3s] olmoe 16 layers: checkpoint 12.89 GiB written in 19.4 s\n"
+            "source synth loaded in 5.1 s; 252147 tokens in 36 forwards per model; window 4096\n"
+            "built rtn/experts/W4A8 in 0.7 s (quantise 0.3 s)\n"
+            "built rtn/experts/W4A8 lottery#1 in 1.2 s (quantise 0.8 s)\n"
+            "built rtn/experts/W4A8 lottery#2 in 1.0 s (quantise 0.6 s)\n"
+            "built gptq/experts/W4A8 draw#0 in 11.4 s (quantise 10.9 s)\n"
+            "built rtn/experts+attn/W4A8 in 0.9 s (quantise 0.3 s)\n"
+            "group 0: 11 arms scored in 381.5 s (free 18.8 GiB against build peak 20.1 + scoring 2.5 GiB)\n"
+            "== done (488 s in)\n")
+    s = runlog.summary(text)
+    assert (s["checkpoint_gib"], s["checkpoint_s"], s["tokens"], s["forwards"], s["window"]) == \
+        (12.89, 19.4, 252147, 36, 4096)
+    assert s["built"] == {"rtn": [0.3], "lottery": [0.8, 0.6], "gptq": [10.9], "rtn/experts+attn": [0.3]}
+    assert s["groups"] == [(11, 381.5)] and s["stage_s"] == 488 and s["arms_built"] == 5
+    log = tmp_path / "realscale_gate_full_olmoe_h100.log"
+    log.write_text(text)
+    line = runlog.summary_text(log)
+    assert "lottery 0.7 s (2)" in line and "34.7 s per arm" in line
+    (tmp_path / "empty.log").write_text("")
+    assert runlog.summary_text(tmp_path / "empty.log").endswith("no phase finished.")
