@@ -100,6 +100,7 @@ def arm_rows(receipts: dict) -> list[dict]:
                              "docs": c["docs"], "held-out docs": h["docs"], "ppl": c["ppl"],
                              "Δ all": c["rel"]["value"], "Δ": h["rel"]["value"], "lo": h["rel"]["lo"],
                              "hi": h["rel"]["hi"], "half-width": (h["rel"]["hi"] - h["rel"]["lo"]) / 2,
+                             "held-out / all-docs CI width": (h["rel"]["hi"] - h["rel"]["lo"]) / (c["rel"]["hi"] - c["rel"]["lo"]),
                              "KL": h["kl"]["value"], "KL lo": h["kl"]["lo"], "KL hi": h["kl"]["hi"],
                              "KL p99": c["kl_p99"]["value"], "top-1": h["top1"]["value"],
                              "scored": arm["scored"], "verdict": arm["verdict"]["verdict"],
