@@ -127,14 +127,18 @@ def model_weight(model, name: str) -> torch.Tensor:
     return experts.gate_up_proj[e] if parts[4] == "gate_up" else experts.down_proj[e]
 
 
-def paired_hessians(model, calib_batches, eval_batches, layers=None, min_rows: int = 64):
+def paired_hessians(model, calib_batches, eval_batches, layers=None, min_rows: int = 64, skipped: list | None = None):
     """Yield (name, w [N, K] float32, H_calib, H_eval, calibration rows) for every weight of `model` that has
-    at least `min_rows` calibration and evaluation rows and K a multiple of 32 (rarely routed experts skip)."""
+    at least `min_rows` calibration and evaluation rows and K a multiple of 32 (rarely routed experts skip).
+    If `skipped` is a list, (name, calibration rows, evaluation rows) of each skipped weight is appended to it
+    (an expert routed no calibration row has no Hessian, so it is neither yielded nor listed)."""
     calib = collect_hessians(model, calib_batches, layers)
     evals = collect_hessians(model, eval_batches, layers)
     for name, a in calib.items():
         b = evals.get(name)
         if b is None or a.nsamples < min_rows or b.nsamples < min_rows or a.in_features % BLOCK:
+            if skipped is not None:
+                skipped.append((name, a.nsamples, 0 if b is None else b.nsamples))
             continue
         yield name, model_weight(model, name).detach().float().cpu(), a.H.cpu(), b.H.cpu(), a.nsamples
 

@@ -126,11 +126,13 @@ def ablation(N: int, K: int, rows_list, damps, seeds, skew: float, shared: float
     return out
 
 
-def layer_map(model, calib_batches, eval_batches, layers=None, methods=tuple(PACKERS), min_rows: int = 64) -> list[dict]:
+def layer_map(model, calib_batches, eval_batches, layers=None, methods=tuple(PACKERS), min_rows: int = 64,
+              skipped: list | None = None) -> list[dict]:
     """`calib.layer_error_table`'s rows (so `calib.summarise` reads them), plus where each weight sits on the map
-    and its in-sample ratios: extra keys "erank", "skew", "in:<method>/rtn". Hessians from `calib.paired_hessians`."""
+    and its in-sample ratios: extra keys "erank", "skew", "in:<method>/rtn". Hessians from `calib.paired_hessians`
+    (which appends the weights it skips to `skipped`, if given)."""
     table = []
-    for name, w, Hc, He, rows in paired_hessians(model, calib_batches, eval_batches, layers, min_rows):
+    for name, w, Hc, He, rows in paired_hessians(model, calib_batches, eval_batches, layers, min_rows, skipped):
         res = packer_errors(w, Hc, He, methods)
         row = {"name": name, "N": w.shape[0], "K": w.shape[1], "rows": rows,
                "erank": effective_rank_frac(Hc), "skew": channel_skew(Hc)}

@@ -84,3 +84,19 @@ def test_paired_map_draws_the_same_layer_and_rows_at_every_skew():
         same = [by[(0.0, s)]["erank"] == pytest.approx(by[(2.0, s)]["erank"], rel=1e-3) for s in range(2)]
         assert all(same) if paired else not any(same)
         assert all(by[(0.0, s)]["skew_H"] < 0.5 < by[(2.0, s)]["skew_H"] for s in range(2))
+
+
+def test_layer_map_accounts_for_every_weight_it_skips():
+    # every weight is either measured or listed as skipped, and only for too few rows in a draw
+    from transformers import AutoModelForCausalLM
+    from int4lab.models.configs import tiny_config
+    cfg = tiny_config("mixtral", vocab_size=256, layers=1)
+    torch.manual_seed(0)
+    m = AutoModelForCausalLM.from_config(cfg).eval()
+    ids = torch.randint(0, 256, (2, 16))
+    skipped = []
+    table = gs.layer_map(m, [ids], [ids[:1]], methods=("rtn", "gptq"), min_rows=12, skipped=skipped)
+    assert len(table) + len(skipped) == 4 + 2 * cfg.num_local_experts
+    assert all(r["rows"] >= 12 for r in table) and all(min(rc, re) < 12 for _, rc, re in skipped)
+    assert {r["name"] for r in table} >= {f"layers.0.self_attn.{p}_proj" for p in "qkvo"}
+    assert skipped and all(".experts." in n for n, _, _ in skipped)
