@@ -6,12 +6,12 @@ receipt.
     python -m lab.bench --only int4_b32,bf16 --out /tmp/r.json
     python -m lab.bench --dry-run             # no timing: shapes, routed experts and bytes (works on CPU)
 
-GemLite on the GPU image (no network there): build the pure-Python wheel here, carry `.whl` (git-ignored) with
-the run, install it there before the harness:
+GemLite on a GPU machine without network access: build the pure-Python wheel where PyPI is reachable, copy
+`.whl` (git-ignored) to the GPU machine and install it there before the harness:
     pip wheel --no-deps gemlite==0.6.0.post2 -w .whl                     # on a machine with PyPI
     pip install -q --no-deps --target /tmp/site .whl/gemlite-0.6.0.post2-py3-none-any.whl
     PYTHONPATH=$PWD:/tmp/site python -m lab.bench --out $OUT/decode_h100.json
-Its declared dependencies (numpy, tqdm, triton>=3.6.0) are already on the GPU image.
+Its declared dependencies (numpy, tqdm, triton>=3.6.0) are already in this repository's environment.
 
 Method (what one `us` means; `timing.py`):
   * weights are rotated through `copies` distinct copies so that the bytes one cycle touches exceed 4x L2:

@@ -116,7 +116,7 @@ def realscale_table(receipts=RECEIPTS) -> str:
     the targets. Then the many-row scoring path's bench (`prefill_*.json`). "not yet measured" without receipts."""
     found = _receipts("realscale_gate_*.json", receipts)
     if not found:
-        return _not_yet("realscale_gate_<arch>_<card>.json", "lab.realscale_gate", "gate")
+        return _not_yet("realscale_gate_[full_]<arch>_<card>.json", "lab.realscale_gate", "gate")
     out = []
     for path, r in found:
         with reading(path):
