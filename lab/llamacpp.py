@@ -484,14 +484,14 @@ def main(argv=None) -> int:
     from lab.provenance import write_receipt
     out = args.out or RUNS / f"llamacpp_{Path(args.model).name}.json"
     try:                                                     # everything refusable, before the judge runs
-        if not have_llama_cpp():
-            raise ValueError(f"llama_cpp is not installed: {INSTALL_HINT}")
         for flag, v, lo in (("--window", args.window, 2), ("--windows", args.windows, 1),
                             ("--threads", args.threads, 1)):
             if v is not None and v < lo:
                 raise ValueError(f"{flag} must be an int >= {lo}, got {v}")
         model_name_and_context(args.model)
         check_out_path(out)
+        if not have_llama_cpp():                             # last: a bad flag is named whether or not it is
+            raise ValueError(f"llama_cpp is not installed: {INSTALL_HINT}")
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

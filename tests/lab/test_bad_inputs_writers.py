@@ -446,8 +446,10 @@ def test_the_report_marks_a_partial_realscale_gate_receipt(tmp_path):
     rec = json.loads(src[0].read_text())
     (tmp_path / src[0].name).write_text(json.dumps({**rec, "complete": False, "interrupted": "KeyboardInterrupt: "}))
     text = report.realscale_table(tmp_path)
-    assert text.startswith(f"**Partial run: `{src[0].name}` stopped before every depth ran** (KeyboardInterrupt: )")
-    (tmp_path / src[0].name).write_text(json.dumps(rec))
+    ran = any(a.get("depths") for a in rec.get("archs", {}).values())
+    head = "stopped before every depth ran" if ran else "stopped before any depth finished"
+    assert text.startswith(f"**Partial run: `{src[0].name}` {head}** (KeyboardInterrupt: )")
+    (tmp_path / src[0].name).write_text(json.dumps({**rec, "complete": True, "interrupted": None}))
     assert "Partial run" not in report.realscale_table(tmp_path)
 
 
