@@ -2,9 +2,9 @@
 # The GPU measurements behind the receipts, one stage per part, each in its own process under its own time
 # limit (a failing stage loses only itself). On the GPU machine, from the repository root:
 #   INT4LAB_GIT_COMMIT=<sha> STAGES=checks bash lab/gpu_run.sh
-# Give the commit literally: the copy on the GPU machine travels without a trustworthy .git, and a receipt
+# Give the commit literally: a copy of the tree on another machine may carry no .git of its own, and a receipt
 # must name the clean commit it measured (tests/repo/test_receipts.py refuses a dirty or unknown one).
-# Stages (comma list in STAGES; each fits one call of under 10 minutes, `checks,bench` does not):
+# Stages (comma list in STAGES; each is sized to run in under 10 minutes; `checks,bench` together do not):
 #   checks   the CUDA tests of everything that runs on the GPU, 100 graph replays bit-identical with the split-K
 #            counters back at zero (lab.tune.replay_check), and compute-sanitizer's memcheck, racecheck,
 #            synccheck and initcheck on the same cases at small shapes
@@ -79,8 +79,8 @@ if [[ $STAGES == *peers* ]]; then
 fi
 if [[ $STAGES == *step* ]]; then
   stage "decode step"
-  # One call fits the stage's 9 minutes at one context: the default is context 256 (batches 1 and 16, every state,
-  # compiled bf16 and int4_fused2); a second call adds context 4096 to the first's receipt, e.g.
+  # One context fits a run of under 9 minutes: the default is context 256 (batches 1 and 16, every state,
+  # compiled bf16 and int4_fused2); a second run adds context 4096 to the first's receipt, e.g.
   #   STEP_CONTEXTS=4096 STEP_PARTS="times floors" STEP_RUNS="eager graphed" STEP_PRIOR=<first receipt>
   # (the architectures share the budget evenly: what one leaves goes to the next).
   timeout $(( ${STEP_BUDGET_S:-470} + 50 )) python3 -m lab.decode_step --budget-s ${STEP_BUDGET_S:-470} \
