@@ -102,7 +102,7 @@ def arm_rows(receipts: dict) -> list[dict]:
                              "hi": h["rel"]["hi"], "half-width": (h["rel"]["hi"] - h["rel"]["lo"]) / 2,
                              "held-out / all-docs CI width": (h["rel"]["hi"] - h["rel"]["lo"]) / (c["rel"]["hi"] - c["rel"]["lo"]),
                              "KL": h["kl"]["value"], "KL lo": h["kl"]["lo"], "KL hi": h["kl"]["hi"],
-                             "KL p99": c["kl_p99"]["value"], "top-1": h["top1"]["value"],
+                             "KL p99 (all docs)": c["kl_p99"]["value"], "top-1": h["top1"]["value"],
                              "scored": arm["scored"], "verdict": arm["verdict"]["verdict"],
                              "tokens to decide": arm["verdict"]["tokens_needed"].get(t),
                              "Δ all docs [95% CI]": pct(c["rel"]), "Δ held-out [95% CI]": pct(h["rel"]),
