@@ -12,7 +12,7 @@ modules' entry (kernels.ops.moe). Each case is captured once and replayed `repla
 input sets copied into the captured inputs, on a poisoned output and NaN-poisoned split-K partials; every
 replay must equal the eager output of its own input set bit for bit (`replays_match`). A partial read before
 this replay's store landed would see the other set's value or NaN, and differ. What no replay can show: a
-race whose losing order never occurred in these replays, or a stale read of a value that happens to equal
+race whose losing order never occurred in these replays, or an out-of-date read of a value that happens to equal
 the fresh one.
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ def replays_match(fn, static, input_sets, replays: int, capture=_cuda_capture) -
     Consecutive replays see different inputs, so a program that read a partial slot before this replay's
     store landed would read the previous replay's value (or the poison) and differ. `capture(fn)` ->
     (replay, out); the CUDA graph by default. Returns {"replays_identical", "inputs_differ"}: inputs_differ is
-    False when two sets give the same reference bits (a stale read between them would then be invisible)."""
+    False when two sets give the same reference bits (an out-of-date read between them would then be invisible)."""
     if len(input_sets) < 2 or replays < 1:
         raise ValueError(f"need at least 2 input sets and 1 replay, got {len(input_sets)} sets, {replays} replays")
     refs = []
