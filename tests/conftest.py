@@ -27,6 +27,25 @@ _one_thread_per_worker()
 lighten()                       # the Triton interpreter without two costs the tests do not need (lab/interpreter.py)
 
 
+def _group(item) -> str:
+    """A test file whose tests share a module- or class-scoped fixture is one group (built once, in one process);
+    any other test is a group of its own, free to run on either worker."""
+    defs = getattr(item, "_fixtureinfo", None)
+    shared = defs is not None and any(d.scope in ("class", "module", "package")
+                                      for ds in defs.name2fixturedefs.values() for d in ds)
+    return item.nodeid.split("::")[0] if shared else item.nodeid
+
+
+@pytest.hookimpl(tryfirst=True)          # before xdist reads the groups
+def pytest_collection_modifyitems(items):
+    # make test runs two workers (-n 2 --dist loadgroup) over these groups; the chapters' quick runs, the longest
+    # tests, go first, so that neither worker is left with one at the end
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(_group(item)))
+    items.sort(key=lambda item: item.get_closest_marker("notebook") is None)     # stable: the rest keep their order
+
+
 @pytest.fixture
 def device():
     return DEVICE
