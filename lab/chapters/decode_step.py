@@ -175,7 +175,9 @@ def plot_bars(rec: dict, axes) -> None:
 
 
 def case_table(arch_rec: dict) -> list[dict]:
-    """Per (batch, context): the summary's ratios (graphed over floor, int4 over the best bf16, eager over eager)."""
+    """Per (batch, context): the summary's graphed-over-floor and int4-over-the-best-bf16 ratios (the eager ratios
+    are left out: `eager_ratio` gives them with the range their samples allow). The best bf16 is graphed or compiled
+    where the receipt compiled bf16 (batch 1, first context), graphed only elsewhere."""
     out = []
     for key, s in arch_rec.get("summary", {}).items():
         out.append({"case": key, **{k: v for k, v in s.items() if not isinstance(v, dict) and "eager" not in k},
@@ -307,7 +309,9 @@ def targets(rec: dict) -> list[dict]:
             if b == 1:
                 bb, bbr = s["best_bf16"], _row(a, "bf16", s["best_bf16"]["impl"], s["best_bf16"]["run"], b, c)
                 v = bi["tokens_per_s"] / bb["tokens_per_s"]
-                out.append({"arch": arch, "target": f"{key}: int4 tokens/s >= 3x bf16 at its best", "value": v,
+                # where no bf16 step was compiled the bar is graphed bf16, not bf16 at its best: the name says so
+                bar = "at its best" if "bf16_compiled_per_layer_us" in s else "graphed (none compiled)"
+                out.append({"arch": arch, "target": f"{key}: int4 tokens/s >= 3x bf16 {bar}", "value": v,
                             "bound": 3.0, "what": f"{bi['state']} {bi['run']} over bf16 {bb['impl']} {bb['run']}",
                             "met": _verdict(v, ">=", 3.0, bi["spread"] + spread(bbr))})
             if (b, c) != (1, 256):

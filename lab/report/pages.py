@@ -188,8 +188,8 @@ DECODE_STEP_START, DECODE_STEP_END = "<!-- decode-step:start -->", "<!-- decode-
 def decode_step_table(receipts=RECEIPTS) -> str:
     """What int4 buys in a whole decode step (`python -m lab.decode_step`): per model, batch and context, one
     layer's time against its read floor: int4 as quantised, int4_fused and int4_fused2 (`fuse_decode`) graphed,
-    int4_fused2 compiled, beside bf16's floor and the best bf16 (the fastest experts implementation, graphed or
-    compiled), tokens/s at the published depth against that bf16, and eager int4_fused2 against eager bf16 (the
+    int4_fused2 compiled, beside bf16's floor and the best bf16 (the fastest experts implementation graphed, or
+    compiled where the receipt compiled bf16: only the implementation fastest graphed is compiled), tokens/s at the published depth against that bf16, and eager int4_fused2 against eager bf16 (the
     range its samples allow, or undecided). From the receipt's `summary` and rows; "–" where it measured nothing."""
     found = _receipts("decode_step_*.json", receipts)
     if not found:
