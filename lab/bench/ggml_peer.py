@@ -13,9 +13,10 @@ Rows say so (`timer`), and the report marks them. `--rotated` adds a second timi
 harness over the built ggml library that times like the bench (weight copies rotated past 4x L2, ggml's CUDA
 graphs, median of 20 samples of >= 16 calls, host wall clock per sample): impls `llamacpp_<type>_rot[_moe]`.
 
-A MoE row is the sum of one token's routed expert matmuls (MUL_MAT_ID): gate and up (one fused [2I, H] launch
-where timed, else two [I, H] launches, as llama.cpp runs separate expert tensors) plus down [H, I]; the SwiGLU and the weighted combine (small
-elementwise launches) are not counted, which flatters it slightly.
+A MoE row is a sum of one token's routed expert matmuls (MUL_MAT_ID), `parts_us`: `gate_up` is twice the one
+timed [I, H] op (llama.cpp keeps gate and up as separate expert tensors of that shape, so a layer launches it twice;
+`cases` asks for it once) and `down` the timed [H, I] op. So the row stands for three launches built from two
+timings. The SwiGLU and the weighted combine (small elementwise launches) are not counted.
 """
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ TIMERS = {"": "ggml test-backend-ops perf: eager stream, the same weights re-rea
 _LINE = re.compile(r"^\s*(MUL_MAT(?:_ID)?)\((.*)\):\s+(?:(\d+) runs -\s+([\d.]+) us/run|(.*not supported.*))")
 _SPREAD = re.compile(r"us/run - p10 ([\d.]+) p90 ([\d.]+)")     # the rotating harness's sample spread
 _VAR = re.compile(r"(\w+)=(\[[^\]]*\]|[^,]*)")
+# gate and up are two launches of one timed [I, H] MUL_MAT_ID: a MoE row's parts_us["gate_up"] is this many times it
+GATE_UP_LAUNCHES = 2
 
 
 def weight_bytes(ggml_type: str, N: int, K: int) -> int:
@@ -137,10 +140,10 @@ def rows(timed, rec, source: str, way: str = "") -> list[dict]:
         for name, m in MODELS.items():
             H, I, E, A = m.hidden, m.intermediate, m.n_experts, m.top_k
             key = {"op": "MUL_MAT_ID", "type": t, "n": 1, "n_mats": E, "n_used": A}
-            fused, one, down = (_find(timed, N=n, K=k, **key) for n, k in ((2 * I, H), (I, H), (H, I)))
-            gate_up = fused if fused is not None else None if one is None else 2 * one
-            if gate_up is None or down is None:
+            one, down = (_find(timed, N=n, K=k, **key) for n, k in ((I, H), (H, I)))
+            if one is None or down is None:
                 continue
+            gate_up = GATE_UP_LAUNCHES * one                    # gate and up: the one timed [I, H] op, twice
             us = gate_up + down
             nbytes = A * (weight_bytes(t, 2 * I, H) + weight_bytes(t, H, I)) + 4 * 2 * H
             out.append({"model": name, "layer": "moe", "N": I, "K": H, "E": E, "topk": A, "rows": 1,

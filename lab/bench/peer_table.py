@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import sys
 
+from lab.bench.ggml_peer import GATE_UP_LAUNCHES
 from lab.bench.schema import OURS_MOE
 
 GEMV_COLUMNS = (("int4_b32", "int4_b32 (ours)"), ("marlin", "Marlin W4A16 g128"),
@@ -32,9 +33,10 @@ MOE_COLUMNS = (("llamacpp_q4_0_moe", "llama.cpp CUDA Q4_0 (test-backend-ops, eag
 DAGGER = ("† ggml's own timer (test-backend-ops perf): an eager stream over the same weights, no rotation, so a "
           "shape whose weights fit in L2 may be read partly from cache. ‡ ggml's library with the bench's weight "
           "copies rotated past 4× L2 and ggml's CUDA graphs, median of 20 samples of ≥ 16 calls. Both are host wall "
-          "clock, so they may hold host-side cost that the other rows' CUDA-event timing excludes; neither records "
-          "percentiles. Both: activations f32 (quantised to int8 blocks inside each call, as llama.cpp does); MoE: "
-          "the sum of two separately timed MUL_MAT_ID ops, gate_up and down (no SwiGLU or combine).")
+          "clock, so they may hold host-side cost that the other rows' CUDA-event timing excludes{pct}. Both: "
+          "activations f32 (quantised to int8 blocks inside each call, as llama.cpp does); MoE: gate_up + down, "
+          "where gate_up is twice one timed [I, H] MUL_MAT_ID (gate and up are separate expert tensors in "
+          "llama.cpp; one of them was timed) and down is one timed [H, I] MUL_MAT_ID (no SwiGLU or combine).")
 
 
 def floor_curve(rec) -> list[tuple[int, float]]:
@@ -170,16 +172,24 @@ def host_timed(row: dict) -> bool:
     return row["impl"].startswith(HOST_TIMED)
 
 
+def timed_ops_us(row: dict) -> list[float]:
+    """The µs of each op that was timed on its own behind a row: a MoE row's `parts_us`, its gate_up divided back
+    into the one [I, H] op timed (ggml_peer counts it GATE_UP_LAUNCHES times, for gate and up), else the row."""
+    parts = row.get("parts_us") or {}
+    if not parts:
+        return [row["us"]]
+    return [us / GATE_UP_LAUNCHES if name == "gate_up" else us for name, us in parts.items()]
+
+
 def decided(ours: dict, peer: dict) -> bool:
     """Whether this receipt decides which of two rows is faster: their p10-p90 spans do not touch (`overlap`), and for
-    a host-timed peer every separately timed op (`parts_us`, else the row) takes ≥ HOST_TIMER_MIN_US and the ratio
-    is off 1 by more than HOST_MARGIN (the timers differ: see HOST_TIMER_MIN_US)."""
+    a host-timed peer every separately timed op (`timed_ops_us`) takes ≥ HOST_TIMER_MIN_US and the ratio is off 1 by
+    more than HOST_MARGIN (the timers differ: see HOST_TIMER_MIN_US)."""
     if overlap(ours, peer):
         return False
     if not host_timed(peer):
         return True
-    parts = (peer.get("parts_us") or {}).values() or [peer["us"]]
-    return min(parts) >= HOST_TIMER_MIN_US and abs(peer["us"] / ours["us"] - 1) > HOST_MARGIN
+    return min(timed_ops_us(peer)) >= HOST_TIMER_MIN_US and abs(peer["us"] / ours["us"] - 1) > HOST_MARGIN
 
 
 def _lead(rec, ours: dict, peers: list[dict], bf16: dict | None, curve) -> dict:
@@ -233,13 +243,17 @@ def render(rec) -> str:
     """Both tables with their legend (a markdown block for RESULTS.md)."""
     note = ("Each cell: µs per call and, in brackets, that time over the implementation's OWN read floor: the "
             "read-only kernel's time curve of this run at the bytes that implementation moves (weights, scales, "
-            "activations; linear between the byte counts the run measured).")
+            "activations; the floor was timed at the run's int4-b32 byte counts, linear between them, at the "
+            "largest's rate above it).")
     parts = ["**Peers at their own read floors: batch-1 GEMV, µs**\n\n" + note + "\n\n" + gemv_table(rec),
              "**Peers at their own read floors: MoE layer, µs** (bf16 at its read floor: the routed experts' bf16 "
              "bytes at this run's read-floor curve)\n\n" + moe_table(rec)]
     if any(r["impl"].startswith("llamacpp") for r in rec["rows"]):
         src = (rec.get("llamacpp") or {}).get("source", "")
-        parts.append(DAGGER + (f" Source: {src}." if src else ""))
+        spread = any("p10_us" in r for r in rec["rows"] if r["impl"].startswith("llamacpp"))
+        pct = ("; they record percentiles only where the rotating harness printed them" if spread else
+               "; this receipt's llama.cpp rows record no percentiles")
+        parts.append(DAGGER.format(pct=pct) + (f" Source: {src}." if src else ""))
     return "\n\n".join(parts)
 
 

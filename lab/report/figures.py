@@ -7,7 +7,8 @@ from .decode import _floor, _row, gemv_shapes, moe_series
 
 # ---- figures (matplotlib imported only here) ------------------------------------------------------------
 GEMV_COLORS = {"int4_b32": "tab:red", "w4a16_cutlass": "tab:orange", "bf16": "tab:gray", "tinygemm": "tab:blue",
-               "gemlite": "tab:green", "marlin": "tab:cyan", "llamacpp_q4_0": "tab:olive", "llamacpp_q4_0_rot": "tab:pink"}
+               "gemlite": "tab:green", "marlin": "tab:cyan", "llamacpp_q4_0": "tab:olive", "llamacpp_q4_0_rot": "tab:pink",
+               "llamacpp_q4_K": "darkgoldenrod", "llamacpp_q4_K_rot": "mediumvioletred"}
 MOE_COLORS = {"int4_b32_moe": "tab:red", "int4_b32_grouped": "tab:purple", "bf16_loop": "tab:gray",
               "grouped_mm": "tab:brown"}
 
@@ -19,7 +20,9 @@ GEMV_LABELS = {"int4_b32": "int4_b32 (ours, W4A8, tuned plan)",
                "gemlite": "GemLite (W4A16)",
                "marlin": "Marlin (W4A16 g128)",
                "llamacpp_q4_0": "llama.cpp Q4_0 (eager, host clock)",
-               "llamacpp_q4_0_rot": "llama.cpp Q4_0 (rotated, host clock)"}
+               "llamacpp_q4_0_rot": "llama.cpp Q4_0 (rotated, host clock)",
+               "llamacpp_q4_K": "llama.cpp Q4_K (eager, host clock)",
+               "llamacpp_q4_K_rot": "llama.cpp Q4_K (rotated, host clock)"}
 
 
 def floor_fixed_share(rec) -> dict[int, float]:
@@ -34,10 +37,11 @@ def floor_fixed_share(rec) -> dict[int, float]:
 
 
 def plot_time_over_floor(rec, ax=None, fixed_share: float = 0.5):
-    """Time per call over the read floor of int4-b32's bytes, per GEMV shape (x) and implementation (markers); the
-    line at 1 is that floor, which belongs to int4-b32's bytes only (bf16 moves 16/4.5 as many bytes). Shapes whose
-    floor is more than `fixed_share` fixed cost (`floor_fixed_share`) are shaded: there the floor is a measured
-    kernel, launch-dominated, not a bound. Shapes without a floor are left out."""
+    """Time per call over the read floor of int4-b32's bytes, per GEMV shape (x) and every implementation timed on it
+    (markers, GEMV_COLORS' order first); the line at 1 is that floor, which belongs to int4-b32's bytes only (bf16
+    moves 16/4.5 as many bytes). Shapes whose floor is more than `fixed_share` fixed cost (`floor_fixed_share`) are
+    shaded: there the floor is a measured kernel, launch-dominated, not a bound. Shapes without a floor are left
+    out."""
     import matplotlib.pyplot as plt
     ax = ax or plt.subplots(figsize=(12, 4.5))[1]
     shapes = []
@@ -46,7 +50,8 @@ def plot_time_over_floor(rec, ax=None, fixed_share: float = 0.5):
         if fl and "floor_us" in fl:
             shapes.append((model, layer, N, K, fl))
     share = floor_fixed_share(rec)
-    impls = [i for i in GEMV_COLORS if any(r["impl"] == i for r in rec["rows"])]
+    timed = {r["impl"] for r in rec["rows"] if r["layer"] != "moe"}
+    impls = [i for i in GEMV_COLORS if i in timed] + sorted(timed - set(GEMV_COLORS))    # every GEMV row's impl
     width = 0.8 / max(1, len(impls))
     for j, impl in enumerate(impls):
         xs, ys = [], []
@@ -55,7 +60,7 @@ def plot_time_over_floor(rec, ax=None, fixed_share: float = 0.5):
             if r:
                 xs.append(i + (j - (len(impls) - 1) / 2) * width)
                 ys.append(r["us"] / fl["floor_us"])
-        ax.plot(xs, ys, "o", ms=5, label=GEMV_LABELS.get(impl, impl), color=GEMV_COLORS[impl])
+        ax.plot(xs, ys, "o", ms=5, label=GEMV_LABELS.get(impl, impl), color=GEMV_COLORS.get(impl))
     shaded = False
     for i, (model, layer, N, K, fl) in enumerate(shapes):
         if share.get(fl["floor_bytes"], 0.0) > fixed_share:

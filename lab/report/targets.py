@@ -245,6 +245,17 @@ def misses_table(checks) -> str:
     return "\n".join(lines)
 
 
+def _late_note(rec) -> str:
+    """How many samples of the receipt's rows and floors started late (`late`, lab/bench/timing.py): those may hold
+    a host delay; '' where the receipt does not count them."""
+    timed = [x for x in rec["rows"] + (rec.get("floor") or []) if "late" in x]
+    if not timed:
+        return ""
+    late = [x for x in timed if x["late"]]
+    return (f" (`late`: {sum(x['late'] for x in late)} such samples, on {len(late)} of {len(timed)} rows and floors)"
+            if late else " (`late`: none in this receipt)")
+
+
 def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
     """RESULTS.md's decode block: provenance, method, GEMV, MoE and target tables, skipped count. `spread`: the
     run-to-run spread (run_to_run) under which a target's margin is "undecided"; `paired` (paired_ratios)
@@ -262,8 +273,8 @@ def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
         f"{p.get('date')}; `{portable_command(p.get('command'))}`). µs per call, median of "
         + ("samples of at least 16 calls (CUDA-graph replays back to back)" if rec.get("method", {}).get("min_calls")
            else "single CUDA-graph replays")
-        + (", each queued behind a GPU busy-wait so that no host delay lands inside it"
-           if rec.get("method", {}).get("prefill_cycles") else "")
+        + (", each queued behind a GPU busy-wait so that a host delay lands inside a sample only where the host fell "
+           "behind that wait" + _late_note(rec) if rec.get("method", {}).get("prefill_cycles") else "")
         + (f", after {rec['method']['warmup_ms']:.0f} ms of replays (the GPU's slow first ~10 ms of load stay out)"
            if rec.get("method", {}).get("warmup_ms") else "") +
         ", weights rotated beyond L2. Read floor: a kernel that only reads the row's int4-b32 bytes (MoE: the "

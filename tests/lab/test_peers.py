@@ -198,6 +198,17 @@ def test_tables_show_each_peer_over_its_floor_and_bf16_at_its_floor(tmp_path):
     text = peer_table.render(rec)
     assert "ggml-org/ggml abc" in text and text.count("†") >= 3 and text.count("‡") >= 3
     assert "| 19.0 (" in moe                                   # the rotated MoE row: 2 x 6.0 + 7.0
+    assert "they record percentiles only where the rotating harness printed them" in text
+
+
+def test_a_host_timed_moe_row_is_decided_on_the_ops_actually_timed():
+    """gate_up is twice the one [I, H] op timed (gate and up), so the 10 µs rule applies to half of it."""
+    ours = _row(layer="moe", impl="int4_b32_moe", us=20.0, p10_us=19.9, p90_us=20.1)
+    peer = _row(layer="moe", impl="llamacpp_q4_0_moe", us=40.0, parts_us={"gate_up": 28.0, "down": 12.0})
+    assert peer_table.timed_ops_us(peer) == [14.0, 12.0] and peer_table.decided(ours, peer)
+    short = {**peer, "us": 30.0, "parts_us": {"gate_up": 18.0, "down": 12.0}}   # the timed gate op: 9 µs
+    assert peer_table.timed_ops_us(short) == [9.0, 12.0] and not peer_table.decided(ours, short)
+    assert peer_table.timed_ops_us(_row(impl="llamacpp_q4_0", us=15.0)) == [15.0]
 
 
 def test_marlin_bytes_and_quantisation():
