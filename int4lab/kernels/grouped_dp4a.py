@@ -21,7 +21,7 @@ Why dp4a and not the tensor cores at 1-3 rows per expert: the W4A8 format's per-
 make every 32-block's exact int32 dot a separate partial that must be scaled in float32 per (row, column,
 block). On the integer pipe that is 2 dp4a per 8 weights per live row plus one float multiply-add per 32;
 an MMA is padded to 16 rows and its tile scales at least 4 (grouped_mma.py, the table's choice from 4 rows
-per expert: notes/kernels.md, "Grouped rows").
+per expert: notes/kernels.md, "Launch-plan rows").
 
 Numerics: the same integers, the same float32 products (ws * xs) * bsum in the same order, the same fold
 over the blocks (epilogue.fold_blocks) and the same split-K / combine finish as the routed GEMV, so with the

@@ -4,7 +4,8 @@ Shape legend: E = experts, N = out features, K = in features, R = activation row
 
 Nothing is autotuned at import or at call time: a plan is a pure function of (generation, N, K, R) and
 of the plan a caller passes, so a call is reproducible and legal under CUDA-graph capture. The table rows
-are the configurations the H200 sweeps picked (notes/kernels.md, "Launch-plan rows", names each row's receipt);
+are the configurations the H200 sweeps picked (notes/kernels.md, "Launch-plan rows": the sweeps' receipts are not in
+the tree; the decode receipt times every row's shape);
 other generations keep the H200 row until someone measures them. A sweep tries other rows by passing a
 GemvPlan to the launchers (`plan=`), never by changing this table at run time.
 
