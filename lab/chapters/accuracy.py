@@ -2,7 +2,8 @@
 
 Shape legend: E = experts, N = out features, K = in features, R = activation rows, T = tokens, A = top-k.
 
-Each case draws fresh random weights and activations, runs one kernel into a NaN-poisoned buffer and
+Each case draws fresh random weights and activations, runs one kernel (into a NaN-poisoned buffer where the
+kernel takes one: the MoE steps allocate their own output, so for them only exact_frac speaks to completeness) and
 reports max|out - ref| / max|ref| (the format's reference bound is 2**-7) and the fraction of outputs equal, bit
 for bit, to the reference rounded to bf16 (what an exact kernel with one final rounding gives): once from
 float64 for the GEMV cases (`bf16_once`); for the MoE steps from moe_decode_ref's float32 output.
@@ -72,8 +73,9 @@ def gemv_case(R, N, K, E, device, split_k=None):
 
 
 def linear_case(R, N, K, device, act, pack=None):
-    """`int4_linear` on a fresh [N, K] weight against float64. `pack` (default `pack_int4_b32`) maps the float
-    weight to (packed, scales); chapter 01 passes llama.cpp Q4_0's signed-scale rule through it."""
+    """`int4_linear` on a fresh [N, K] weight against float64: on x's int8 codes for act="int8" (W4A8), on the
+    bf16 x itself for act="bf16" (W4A16). `pack` (default `pack_int4_b32`) maps the float weight to (packed,
+    scales); chapter 01 passes llama.cpp Q4_0's signed-scale rule through it."""
     p, s = (t.to(device) for t in (pack or pack_int4_b32)(torch.randn(N, K) * 0.1))
     x = torch.randn(R, K).bfloat16().to(device)
     out = int4_linear(x, p, s, act=act, out=_poisoned((R, N), device))
@@ -186,6 +188,19 @@ def plan_on(generation: str, sms: int, N: int, K: int, R: int) -> _plan.GemvPlan
     with mock.patch.object(_plan, "generation", lambda _: generation), \
             mock.patch.object(_plan, "num_sms", lambda _: sms):
         return _plan.gemv_plan(N, K, R, "cpu")
+
+
+def moe_path_on(generation: str, sms: int, tokens: int, top_k: int, experts: int, H: int, I: int) -> str:
+    """The kernels moe_decode_step picks for one step on a GPU generation and SM count, computed on any machine
+    (as plan_on): "routed" (the dp4a GEMVs) or "grouped " + the grouped plans' kind ("dp4a" or "mma"; gate_up's
+    and down's, joined by "/" where they differ)."""
+    with mock.patch.object(_plan, "generation", lambda _: generation), \
+            mock.patch.object(_plan, "num_sms", lambda _: sms):
+        if not _plan.moe_grouped(tokens, top_k, experts, "cpu", H * I):
+            return "routed"
+        L = tokens * top_k
+        kinds = dict.fromkeys(_plan.grouped_plan(n, k, L, experts, "cpu").kind for n, k in ((2 * I, H), (H, I)))
+        return "grouped " + "/".join(kinds)
 
 
 def excerpt(fn, first: str, last: str | None = None) -> str:

@@ -22,6 +22,19 @@ def test_plan_on_sm90_uses_the_h200_rows_and_the_waves_rule():
     assert plan_mod.generation("cpu") == "interp"                   # the patch does not outlive the call
 
 
+def test_moe_path_on_sm90_follows_the_mean_rows_and_the_experts_size():
+    mixtral, olmoe = (8, 2, 4096, 14336), (64, 8, 2048, 1024)                # experts, top-k, H, I
+    # Mixtral: 2 mean rows from 8 tokens, dp4a grouped below 4 mean rows (>= 32 Mi weights), mma from 16 tokens
+    assert [accuracy.moe_path_on("sm90", 132, t, mixtral[1], mixtral[0], *mixtral[2:]) for t in (1, 4, 8, 16)] == [
+        "routed", "routed", "grouped dp4a", "grouped mma"]
+    # OLMoE: 2 mean rows from 16 tokens, and small experts go straight to the tensor-core tile
+    assert [accuracy.moe_path_on("sm90", 132, t, olmoe[1], olmoe[0], *olmoe[2:]) for t in (8, 16)] == [
+        "routed", "grouped mma"]
+    assert accuracy.moe_path_on("interp", 4, 1, 2, 4, 64, 128) == "routed"
+    assert accuracy.moe_path_on("interp", 4, 4, 2, 4, 64, 128) == "grouped dp4a"   # the interpreter's grouped row
+    assert plan_mod.generation("cpu") == "interp"
+
+
 def test_floor_rounding_differs_from_rint_only_at_ties():
     x = torch.randn(16, 256) * torch.logspace(-2, 2, 256)
     new, s_new = il.quant_x_rows_ref(x)
