@@ -2,11 +2,15 @@
 
 Shape legend: W = windows, P = prompt tokens, S = scored decode steps, V = vocabulary.
 
-A prompt of P tokens, then S steps of one token each through the cache: on CUDA every scored logit comes
-from the decode kernels (rows of one token), which a full forward never reaches; on the CPU
-`kernels=True` sends the steps through the same kernels in Triton's interpreter (slow: a short window).
-`parity` asserts that these log-probabilities equal the full forward of the same quantised model within
-PARITY_TOL: same quantisation points, same bf16 roundings, so only a rare one-ulp flip may differ.
+A prompt of P tokens, then S steps of one token each through the cache. On the CPU `kernels=True` sends the
+steps through the int4 kernels in Triton's interpreter (slow: a short window) while `full_forward_logprobs`
+takes the torch reference path, so `parity` compares the kernels with the reference. On CUDA both run the
+same decode kernels (a full forward is chunked through moe_decode_step's kernels), so there `parity` checks
+cached decode against the full forward only, not the kernels. `parity` asserts that the two log-probabilities
+agree within PARITY_TOL: same quantisation points, same bf16 roundings. They still part where float32
+arithmetic is done in another order or form: cached one-token decode against the full causal forward leaves a
+small float32 residual at every step, and a kernel sum or SwiGLU that rounds to another bf16 value or
+int8 code than torch's matmul or silu can add a larger jump.
 """
 from __future__ import annotations
 
@@ -42,7 +46,8 @@ def decode_logprobs(model, windows: torch.Tensor, prompt: int, kernels: bool = F
     """float32 [W, S, V] log-probabilities: prefill windows[:, :P], then one token per forward with the cache.
 
     Step i feeds token P + i and scores the prediction of token P + i + 1. kernels=True sends the scored
-    steps of a CPU model's int4 modules through int4lab.kernels (on CUDA they run there regardless).
+    steps of a CPU model's int4 modules through int4lab.kernels (on CUDA they run there regardless, and so
+    does a full forward).
     """
     dev = _input_device(model)
     W, L = windows.shape
@@ -69,7 +74,8 @@ def full_forward_logprobs(model, windows: torch.Tensor, prompt: int) -> torch.Te
 
 
 def parity(model, windows: torch.Tensor, prompt: int, kernels: bool = True, tol: float = PARITY_TOL) -> dict:
-    """Decode through the kernels vs the full forward of the same model: max |Δ log p|, top-1 agreement.
+    """Decode through the kernels vs the full forward of the same model (on the CPU: the kernels against the
+    reference path; on CUDA both run the kernels): max |Δ log p|, top-1 agreement.
     Raises AssertionError past tol (the instrument and the statistical forward would disagree)."""
     dec = decode_logprobs(model, windows, prompt, kernels=kernels)
     full = full_forward_logprobs(model, windows, prompt)

@@ -17,9 +17,12 @@ The gate is one-sided in rel (an arm may not lose more than the budget); an arm 
 zero scores better than its source on that text, which says it moved, not that it is better: KL(source ‖ a)
 with its CI, reported beside every verdict, is how far it moved either way.
 
-Calibration (does GPTQ beat round-to-nearest by more than rounding luck?) is a test with a stated error rate:
-CALIBRATION_RULE, `calibration_judgement`; the rounding band of the lottery tickets is drawn with the
-uncertainty of its own edges (`rounding_band`).
+Calibration (is GPTQ's paired change against round-to-nearest beyond what a dithered re-rounding, a lottery
+ticket, gives?) is a test with a stated error rate: CALIBRATION_RULE, `calibration_judgement`. Its null is that a
+draw is exchangeable with the tickets at their dither amplitude; the rule text's gloss "calibration buys nothing
+beyond rounding luck" is broader: a draw that gains nothing but moves more codes than the dither spreads wider,
+and the test calls such draws helpful more often than alpha. The rounding band of the lottery tickets is drawn
+with the uncertainty of its own edges (`rounding_band`).
 """
 from __future__ import annotations
 
@@ -260,8 +263,9 @@ def rounding_band(ticket_rels: list[float], q: float = ROUNDING_Q, level: float 
 
 
 def calibration_judgement(draws: list[dict], tickets: dict, alpha: float = ALPHA) -> dict:
-    """Does calibration beat rounding luck? draws: one {text: {"value": rel, ...}} per calibration draw, its
-    paired relative change against the round-to-nearest twin on the same documents (negative = better);
+    """Does a calibration draw lie beyond the lottery tickets (null: exchangeable with them)? draws: one
+    {text: {"value": rel, ...}} per calibration draw, its paired relative change against the round-to-nearest
+    twin on the same documents (negative = better);
     tickets: {text: [rel per lottery ticket]}, the tickets' changes against the same twin. The rule is
     CALIBRATION_RULE, a test at error rate alpha.
 

@@ -210,7 +210,9 @@ def calibration_ablation(model, calib_ids: torch.Tensor, eval_ids: torch.Tensor,
     through `h_objective` on its Hessians. Experts with fewer than min_rows calibration rows (default: K of
     their widest input, as `quantize_model`) fall back to round-to-nearest (ratio 1). One row per
     (size, damp): {"tokens", "damp", "weights", "fallback", "min_rows_seen", "median gptq/rtn",
-    "gptq beats rtn"} over the expert weights of `layers`.
+    "gptq beats rtn"} over the expert weights of `layers`: "median gptq/rtn" is the median over those
+    projections (each expert's gate_up and down) of each one's held-out output-MSE ratio, fallbacks counted
+    as 1, not the ratio of the layers' summed error.
     """
     evals = collect_hessians(model, [eval_ids], layers)
     T = calib_ids.shape[1]

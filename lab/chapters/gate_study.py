@@ -19,7 +19,6 @@ helps, hurts}}}; choice {chosen, score, rule, held_out, verdict}.
 from __future__ import annotations
 
 from int4lab.gate import calibration_judgement, choose, rounding_band, verdict
-from int4lab.gate.table import fallback_note
 from lab.paths import RECEIPTS
 from lab.provenance import read_receipt
 
@@ -131,10 +130,21 @@ def below_source(receipts: dict) -> list[dict]:
     return out
 
 
+def fallback(arm: dict) -> tuple[int, int]:
+    """(experts packed round-to-nearest, experts in all) of a GPTQ arm: its quant_report's `fallback`, the experts
+    that had fewer calibration rows than GPTQ needs. (0, m) for an arm with none; (0, 0) without a report."""
+    q = arm.get("quant_report") or {}
+    fb = len(q.get("fallback") or [])
+    return fb, fb + int(q.get("gptq_experts") or 0)
+
+
 def draw_rows(receipts: dict, scheme: str = GPTQ) -> list[dict]:
     """One row per (model, draw, text): the draw against the source [CI] on held-out documents and its verdict;
+    how many of its experts were packed round-to-nearest ("RTN fallback": the arm is that mix, not GPTQ alone);
     the draw against its round-to-nearest twin on all documents [CI] (negative = better than RTN); the twin's
-    rounding band; the calibration test's p-values and whether it counts the draw as helping or hurting."""
+    rounding band; the calibration test's p-values (p_helps and p_hurts per (draw, text), unadjusted;
+    p_hurts_holm Holm-adjusted over all draws x texts) and whether it counts the draw as helping (unadjusted
+    p_helps <= alpha) or hurting (Holm-adjusted p_hurts <= alpha)."""
     rows = []
     for a, r in receipts.items():
         c = field(receipts, a, "calibration", scheme)
@@ -143,18 +153,18 @@ def draw_rows(receipts: dict, scheme: str = GPTQ) -> list[dict]:
         for i, (name, g) in enumerate(zip(c["draws"], c["gains"])):
             arm = r["arms"][name]
             for t, d in g.items():
-                s, b = arm["held_out"][t], lot[t].get("band")
+                s, b, (fb, m) = arm["held_out"][t], lot[t].get("band"), fallback(arm)
                 rows.append({"model": a, "draw": name, "text": t, "vs source": s["rel"]["value"],
                              "vs source lo": s["rel"]["lo"], "vs source hi": s["rel"]["hi"],
                              "Δ held-out [CI]": pct(s["rel"]), "verdict": arm["verdict"]["verdict"],
-                             "RTN fallback": fallback_note(arm).strip(" ()") or "none",
+                             "RTN fallback": f"{fb} of {m} experts", "fallback experts": fb,
                              "KL": arm["texts"][t]["kl"]["value"], "KL [CI]": kl(arm["texts"][t]["kl"]),
                              "RTN KL": r["arms"][c["twin"]]["texts"][t]["kl"]["value"],
                              "GPTQ − RTN": d["value"], "lo": d["lo"], "hi": d["hi"], "GPTQ − RTN [CI]": pct(d),
                              "band lo": b["lo"] if b else None, "band hi": b["hi"] if b else None,
                              "band": f"{b['lo']:+.2%} .. {b['hi']:+.2%}" if b else "–",
                              **{k: jt[t][k][i] if t in jt else None
-                                for k in ("p_helps", "p_hurts_holm", "rank_p_helps", "helps", "hurts")}})
+                                for k in ("p_helps", "p_hurts", "p_hurts_holm", "rank_p_helps", "helps", "hurts")}})
     return rows
 
 
@@ -198,6 +208,19 @@ def band_rows(receipts: dict, base: str = RTN) -> list[dict]:
                          "lower edge CI": f"[{edge(b['lo_ci'][0])}, {edge(b['lo_ci'][1])}]",
                          "upper edge CI": f"[{edge(b['hi_ci'][0])}, {edge(b['hi_ci'][1])}]",
                          "same again": again == b})
+    return rows
+
+
+def ticket_kl(receipts: dict, base: str = RTN) -> list[dict]:
+    """Per (model, ticket, text): the ticket's mean KL to the source over all documents ("KL"), its ratio to the
+    round-to-nearest twin's ("ratio"), and whether the ticket's KL CI lies wholly above the twin's ("CI above")."""
+    rows = []
+    for a, r in receipts.items():
+        for n in field(receipts, a, "lottery", base, "tickets"):
+            for t in r["texts"]:
+                k, k0 = r["arms"][n]["texts"][t]["kl"], r["arms"][base]["texts"][t]["kl"]
+                rows.append({"model": a, "ticket": n, "text": t, "KL": k["value"], "RTN KL": k0["value"],
+                             "ratio": k["value"] / k0["value"], "CI above": k["lo"] > k0["hi"]})
     return rows
 
 
