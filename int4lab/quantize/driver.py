@@ -7,9 +7,9 @@ Three ways to choose the codes, all emitting the same int4-b32 bytes layout:
 - round-to-nearest (scheme="rtn"), `format.pack_int4_b32`;
 - dithered round-to-nearest (scheme="rtn", dither > 0): codes round(w / s + u), u uniform on [-dither, dither)
   from ticket dither_seed's counter-based stream, drawn on the weights' device (`dither.py`: the same bytes
-  on every device) — an equally good rounding that differs only where w / s sits near a half.
-  The gate re-packs with several seeds to measure how much perplexity moves under such harmless changes
-  (the rounding lottery);
+  on every device) — a rounding that differs from round-to-nearest only where w / s sits near a half (a weight's error
+  grows by at most dither times its block's scale). The gate re-packs with several seeds to measure how much
+  perplexity moves under such small changes (the rounding lottery);
 - GPTQ (scheme="gptq"), following IST-DASLab/gptq's sequential driver: capture the inputs of decoder layer 0;
   for each layer, hook every projection (`hessian.hessian_hooks`), run the layer, pack with GPTQ, swap the
   quantised modules in, then run the layer again so the next layer is calibrated on quantised outputs.
