@@ -231,7 +231,9 @@ def target_definitions() -> str:
         "`torch._grouped_mm`.",
         "",
         "The **read floor** of a row is the time of a kernel that only reads the same int4-b32 bytes, timed the same "
-        "way in the same run (`lab/bench/floor.py`), so every ratio is measured on one GPU in one run.",
+        "way in the same run (`lab/bench/floor.py`), so every ratio of a row the bench timed is measured on one GPU in "
+        "one run; the llama.cpp columns are ggml's own timings from a separate process and other timers (their "
+        "footnotes), so their ratios cross timers.",
     ])
 
 
