@@ -11,7 +11,8 @@ both are scored on the log-probability of each next token.
 
 Arms:
   source  the unquantised model in float32 vs its F32 GGUF (validates the export: every op in F32,
-          llama.cpp's KV cache set to F32 too, so only summation order differs);
+          llama.cpp's KV cache set to F32 too, so only float32 rounding differs: summation order and
+          the engines' own elementwise functions, not separated);
   rtn/gptq the quantised model (W4A8: activations quantised per 32 to int8, float32 scale, each
           projection's output rounded to bf16) vs its Q4_0 GGUF (llama.cpp's CPU path quantises
           activations to Q8_0 per 32 with an fp16 scale and keeps float32 outputs).

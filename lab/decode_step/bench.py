@@ -8,7 +8,8 @@ Per architecture (the published configuration at real width, random weights, `--
     add after attention and the next RMSNorm in one launch);
   * runs: "eager" (what `generate` gives: the host launches every op), "graphed" (the step captured in one CUDA
     graph), "compiled" (each decoder layer torch.compile'd, then the step captured);
-  * per (batch, context): the step time at each depth; per layer = the slope between the smallest and largest
+  * per (batch, context): the batch's rows are identical sequences (lab.decode_step.step.Stepper), so a batch
+    routes to batch 1's experts; the step time at each depth; per layer = the slope between the smallest and largest
     depth, fixed = the rest; at the published depth: fixed + layers x per layer, tokens/s = batch / that step;
   * the read floor of one layer: the bytes it must read (int4 or bf16 weights of attention and of the distinct
     routed experts, router, norms, the KV cache of the context) timed by lab.bench.floor's read-only kernel;
@@ -177,7 +178,8 @@ class Run:
         return row
 
     def census(self, state, batch, context) -> float:
-        """Mean distinct experts per layer per step (eager steps with a hook on each router)."""
+        """Mean distinct experts per layer per step (eager steps with a hook on each router). The batch's rows are
+        identical, so this is batch 1's count (top-k) at every batch."""
         model = self.models[state]
         st = S.Stepper(model, batch, context)
         st.reset(context - S.HEADROOM)

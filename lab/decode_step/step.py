@@ -36,7 +36,9 @@ def _sync(dev) -> None:
 
 
 class Stepper:
-    """The static state of a greedy decode step of `model` for `batch` sequences and a cache of `context`."""
+    """The static state of a greedy decode step of `model` for `batch` sequences and a cache of `context`.
+    The `batch` rows are identical: each starts from token 0 over the same cache, so every row routes to the
+    same experts as batch 1; a larger batch grows the KV cache and the rows the kernels take, not the experts read."""
 
     def __init__(self, model, batch: int, context: int, forward=None):
         from transformers import StaticCache
