@@ -221,7 +221,9 @@ def decode_step_table(receipts=RECEIPTS) -> str:
                 f"Parts that failed (their errors are in the receipt): {errs}. " if errs else "") +
                 "Eager column: per layer = step(2 layers) − step(1 layer) from the run's eager samples, with the range "
                 "they allow (min step(2) − max step(1) to max step(2) − min step(1)); undecided where that range "
-                f"reaches zero. `{path.name}`: {_prov(r)}.")
+                "reaches zero. A batch of 16 is 16 identical sequences (every row starts from the same token over the "
+                "same cache): it reads batch 1's experts, so its rows are not batched decoding of distinct sequences. "
+                f"`{path.name}`: {_prov(r)}.")
     return "\n\n".join(out)
 
 
