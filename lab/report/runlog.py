@@ -11,7 +11,7 @@ _CKPT = re.compile(r"checkpoint ([\d.]+) GiB written in ([\d.]+) s")
 _TOKENS = re.compile(r"(\d+) tokens in (\d+) forwards per model; window (\d+)")
 _BUILT = re.compile(r"built (.+?) in ([\d.]+) s \(quantise ([\d.]+) s\)")
 _GROUP = re.compile(r"group (\d+): (\d+) arms scored in ([\d.]+) s")
-_DONE = re.compile(r"== done \((\d+) s in\)")
+_MARK = re.compile(r"^== (.+?) \((\d+) s in\)$", re.M)     # lab/gpu_run.sh's stage marks: seconds since the script began
 
 
 def kind_of(arm: str) -> str:
@@ -22,7 +22,8 @@ def kind_of(arm: str) -> str:
 
 def summary(text: str) -> dict:
     """{checkpoint_gib, checkpoint_s, tokens, forwards, window, groups: [(arms, s)], built: {kind: [quantise s]},
-    arms_built, stage_s} from a gate stage's log; a key is absent when its line is."""
+    arms_built, stage_s (the gate stage's seconds, between its mark and the end mark)} from a gate stage's log; a
+    key is absent when its line is."""
     out: dict = {"groups": [], "built": {}, "arms_built": 0}
     if m := _CKPT.search(text):
         out["checkpoint_gib"], out["checkpoint_s"] = float(m[1]), float(m[2])
@@ -32,8 +33,11 @@ def summary(text: str) -> dict:
         out["built"].setdefault(kind_of(m[1]), []).append(float(m[3]))
         out["arms_built"] += 1
     out["groups"] = [(int(m[2]), float(m[3])) for m in _GROUP.finditer(text)]
-    if m := _DONE.search(text):
-        out["stage_s"] = int(m[1])
+    marks = [(m[1], int(m[2])) for m in _MARK.finditer(text)]
+    done = [s for name, s in marks if name == "done"]
+    gate = [s for name, s in marks if name.startswith("gate")]
+    if done and gate:                               # the gate stage: from its own mark to the script's end
+        out["stage_s"] = done[-1] - gate[-1]
     return out
 
 

@@ -388,11 +388,12 @@ def test_a_stopped_run_log_is_summarised_from_its_lines(tmp_path):
             "built rtn/experts+attn/W4A8 in 0.9 s (quantise 0.3 s)\n"
             "group 0: 11 arms scored in 381.5 s (free 18.8 GiB against build peak 20.1 + scoring 2.5 GiB)\n"
             "== done (488 s in)\n")
+    text = "== dither on CUDA against the CPU (0 s in)\n== gate at full depth: OLMoE 16 layers (15 s in)\n" + text
     s = runlog.summary(text)
     assert (s["checkpoint_gib"], s["checkpoint_s"], s["tokens"], s["forwards"], s["window"]) == \
         (12.89, 19.4, 252147, 36, 4096)
     assert s["built"] == {"rtn": [0.3], "lottery": [0.8, 0.6], "gptq": [10.9], "rtn/experts+attn": [0.3]}
-    assert s["groups"] == [(11, 381.5)] and s["stage_s"] == 488 and s["arms_built"] == 5
+    assert s["groups"] == [(11, 381.5)] and s["stage_s"] == 473 and s["arms_built"] == 5
     log = tmp_path / "realscale_gate_full_olmoe_h100.log"
     log.write_text(text)
     line = runlog.summary_text(log)
