@@ -199,7 +199,7 @@ def decode_step_table(receipts=RECEIPTS) -> str:
         with reading(path):
             refuse_partial(r, path)
             lines = ["| model | batch, context | int4 read floor / layer | int4 graphed | int4_fused graphed | "
-                     "int4_fused2 graphed | int4_fused2 compiled | bf16 read floor | best bf16 | "
+                     "int4_fused2 graphed | int4_fused2 compiled | bf16 read floor | best bf16 measured | "
                      "tokens/s int4_fused2 / best bf16 | eager int4_fused2 / eager bf16 |",
                      "|---|---|---|---|---|---|---|---|---|---|---|"]
             for arch, a in r.get("archs", {}).items():
@@ -221,7 +221,9 @@ def decode_step_table(receipts=RECEIPTS) -> str:
                 f"Parts that failed (their errors are in the receipt): {errs}. " if errs else "") +
                 "Eager column: per layer = step(2 layers) − step(1 layer) from the run's eager samples, with the range "
                 "they allow (min step(2) − max step(1) to max step(2) − min step(1)); undecided where that range "
-                "reaches zero. A batch of 16 is 16 identical sequences (every row starts from the same token over the "
+                "reaches zero. Best bf16 measured: bf16 was compiled only at batch 1, context 256, where compiling made it "
+                "the fastest on every model; in the other rows it is the best of eager and graphed, so their tokens/s "
+                "ratios would likely be lower against a compiled bf16. A batch of 16 is 16 identical sequences (every row starts from the same token over the "
                 "same cache): it reads batch 1's experts, so its rows are not batched decoding of distinct sequences. "
                 f"`{path.name}`: {_prov(r)}.")
     return "\n\n".join(out)

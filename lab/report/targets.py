@@ -276,8 +276,8 @@ def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
         f"{p.get('date')}; `{portable_command(p.get('command'))}`). µs per call, median of "
         + ("samples of at least 16 calls (CUDA-graph replays back to back)" if rec.get("method", {}).get("min_calls")
            else "single CUDA-graph replays")
-        + (", each queued behind a GPU busy-wait so that a host delay lands inside a sample only where the host fell "
-           "behind that wait" + _late_note(rec) if rec.get("method", {}).get("prefill_cycles") else "")
+        + (", each queued behind a GPU busy-wait so that a host delay before a sample's first replay shows "
+           "(`late` counts those; later replays of a sample are not checked)" + _late_note(rec) if rec.get("method", {}).get("prefill_cycles") else "")
         + (f", after {rec['method']['warmup_ms']:.0f} ms of replays (a slower start of load, seen on the H200 for its first ~10 ms and not measured on this card, stays out)"
            if rec.get("method", {}).get("warmup_ms") else "") +
         ", weights rotated beyond L2. Read floor: a kernel that only reads the row's int4-b32 bytes (MoE: the "
