@@ -283,7 +283,8 @@ def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
         ", weights rotated beyond L2. Read floor: a kernel that only reads the row's int4-b32 bytes (MoE: the "
         "unique routed experts'), best of a few launch configurations, timed the same way in the same run; "
         "a peer's cell gives its µs and (peer / int4_b32)."
-        + (f" One launch costs {rec['launch']['us']:.2f} µs in a graph (the floor kernel over one word)."
+        + (f" A one-word read kernel, back to back in a graph, takes {rec['launch']['us']:.2f} µs per kernel (a "
+            "throughput of tiny kernels, not a launch latency)."
            if "launch" in rec else "")
         + ("" if has_floor else " **This receipt predates the read floor**: its floor and ratio columns read –.")
         + ("" if rec.get("method", {}).get("complete", True) else
