@@ -189,7 +189,8 @@ def decode_step_table(receipts=RECEIPTS) -> str:
     """What int4 buys in a whole decode step (`python -m lab.decode_step`): per model, batch and context, one
     layer's time against its read floor: int4 as quantised, int4_fused and int4_fused2 (`fuse_decode`) graphed,
     int4_fused2 compiled, beside bf16's floor and the best bf16 (the fastest experts implementation graphed, or
-    compiled where the receipt compiled bf16: only the implementation fastest graphed is compiled), tokens/s at the published depth against that bf16, and eager int4_fused2 against eager bf16 (the
+    compiled where the receipt compiled bf16: only the implementation fastest graphed is compiled), tokens/s at the
+    published depth against that bf16, and eager int4_fused2 against eager bf16 (the
     range its samples allow, or undecided). From the receipt's `summary` and rows; "–" where it measured nothing."""
     found = _receipts("decode_step_*.json", receipts)
     if not found:
@@ -223,7 +224,8 @@ def decode_step_table(receipts=RECEIPTS) -> str:
                 "they allow (min step(2) − max step(1) to max step(2) − min step(1)); undecided where that range "
                 "reaches zero. Best bf16 measured: bf16 was compiled only at batch 1, context 256, where compiling made it "
                 "the fastest on every model; in the other rows it is the best of eager and graphed, so their tokens/s "
-                "ratios would likely be lower against a compiled bf16. A batch of 16 is 16 identical sequences (every row starts from the same token over the "
+                "ratios would likely be lower against a compiled bf16. A batch of 16 is 16 identical sequences "
+                "(every row starts from the same token over the "
                 "same cache): it reads batch 1's experts, so its rows are not batched decoding of distinct sequences. "
                 f"`{path.name}`: {_prov(r)}.")
     return "\n\n".join(out)

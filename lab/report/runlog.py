@@ -11,7 +11,8 @@ _CKPT = re.compile(r"checkpoint ([\d.]+) GiB written in ([\d.]+) s")
 _TOKENS = re.compile(r"(\d+) tokens in (\d+) forwards per model; window (\d+)")
 _BUILT = re.compile(r"built (.+?) in ([\d.]+) s \(quantise ([\d.]+) s\)")
 _GROUP = re.compile(r"group (\d+): (\d+) arms scored in ([\d.]+) s")
-_MARK = re.compile(r"^== (.+?) \((\d+) s in\)$", re.M)     # lab/gpu_run.sh's stage marks: seconds since the script began
+# lab/gpu_run.sh's stage marks: seconds since the script began
+_MARK = re.compile(r"^== (.+?) \((\d+) s in\)$", re.M)
 
 
 def kind_of(arm: str) -> str:

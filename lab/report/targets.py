@@ -219,8 +219,8 @@ def target_definitions() -> str:
     tokens = f"{BATCH_TOKENS[0]}–{BATCH_TOKENS[-1]}"
     return "\n".join([
         f"- **{GEMV_FLOOR}**: each big batch-1 GEMV ({big}) takes at most 1.15× its read floor.",
-        f"- **{GEMV_BESIDE_PEERS}**: every batch-1 decode shape of the three models, and the bench's two extra shapes (Mixtral's "
-        "gate or up alone, a 28672x8192 stress shape), is faster than bf16 cuBLAS, "
+        f"- **{GEMV_BESIDE_PEERS}**: every batch-1 decode shape of the three models, and the bench's two extra "
+        "shapes (Mixtral's gate or up alone, a 28672x8192 stress shape), is faster than bf16 cuBLAS, "
         "tinygemm, GemLite, Marlin (where timed) and llama.cpp Q4_0 on the same card (where timed: the faster of "
         "its two timers), and takes at "
         "most 1.4× its read floor.",
@@ -277,8 +277,10 @@ def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
         + ("samples of at least 16 calls (CUDA-graph replays back to back)" if rec.get("method", {}).get("min_calls")
            else "single CUDA-graph replays")
         + (", each queued behind a GPU busy-wait so that a host delay before a sample's first replay shows "
-           "(`late` counts those; later replays of a sample are not checked)" + _late_note(rec) if rec.get("method", {}).get("prefill_cycles") else "")
-        + (f", after {rec['method']['warmup_ms']:.0f} ms of replays (a slower start of load, seen on the H200 for its first ~10 ms and not measured on this card, stays out)"
+           "(`late` counts those; later replays of a sample are not checked)" + _late_note(rec)
+           if rec.get("method", {}).get("prefill_cycles") else "")
+        + (f", after {rec['method']['warmup_ms']:.0f} ms of replays (a slower start of load, seen on the H200 for "
+           "its first ~10 ms and not measured on this card, stays out)"
            if rec.get("method", {}).get("warmup_ms") else "") +
         ", weights rotated beyond L2. Read floor: a kernel that only reads the row's int4-b32 bytes (MoE: the "
         "unique routed experts'), best of a few launch configurations, timed the same way in the same run; "
