@@ -43,7 +43,19 @@ def check_k(name: str, k: int, block: int = 32) -> None:
         raise ValueError(f"{name} must be a positive multiple of {block}, got {k}")
 
 
+def check_positive_int(name: str, v, why: str = "") -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ValueError(f"{name} must be a positive int{why}, got {v!r}")
+
+
+def check_module(name: str, model) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{name} must be a transformers MoE model (a torch.nn.Module), got {type(model).__name__}")
+
+
 def check_finite(name: str, t: torch.Tensor) -> None:
+    if t.is_meta:
+        raise ValueError(f"{name} must hold data: it is on the meta device (shapes only), got device meta")
     if not bool(torch.isfinite(t).all()):
         raise ValueError(f"{name} must be finite (no NaN or inf)")
 

@@ -42,16 +42,18 @@ def atomic_path(path, flag: str = "path"):
     KeyboardInterrupt included, the temporary file is removed and `path` is left as it was.
 
     `path` must be a regular file or a new path (`check_target`), checked before anything is written and again
-    just before the rename."""
+    just before the rename. The file keeps the mode of the one it replaces; a new one gets the umask's."""
     path = check_target(path, flag)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     os.close(fd)
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)              # mkstemp's 0600 would follow the file to its final name
     try:
         yield Path(tmp)
+        # the mode an in-place write would leave: the old file's, else the umask's (a writer that recreates
+        # tmp, as safetensors does, and mkstemp itself would give 0600)
+        os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode) if path.is_file() else 0o666 & ~umask)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         check_target(path, flag)               # something may have appeared there while the file was written

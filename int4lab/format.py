@@ -89,6 +89,7 @@ def pack_int4_b32(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     2**-25 and 2**-14 are fp16 subnormals and lose relative precision (notebook 01 measures both).
     """
     _check_weight(w)
+    w = w.detach()                                  # packs are data: no autograd graph rides on the scales
     s = block_scales(w)
     check_scale_range(s)
     return pack_codes(rtn_codes(w, s)), s.to(torch.float16)

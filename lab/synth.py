@@ -20,8 +20,12 @@ count, top-k, head layout, routing options) at tiny dimensions, for tests on a C
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -115,10 +119,13 @@ def write_checkpoint(arch: str, layers: int, out, width: str = "real", seed: int
     out = check_dir_path(out, flag="out")            # a directory or a new path, writable, before anything is built
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"out {str(out)!r} exists and is not empty: choose a fresh directory")
+    check_shard_size(max_shard_size)
     from transformers import AutoModelForCausalLM
 
+    from int4lab.gate.settings import check_device
     from int4lab.models import load_tokenizer
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_device(device)
     cfg = synth_config(arch, layers, width)
     torch.manual_seed(seed)
     t0 = time.time()
@@ -133,9 +140,9 @@ def write_checkpoint(arch: str, layers: int, out, width: str = "real", seed: int
         torch.cuda.synchronize()
     build_s = time.time() - t0
     t0 = time.time()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, max_shard_size=max_shard_size)
-    load_tokenizer().save_pretrained(out)
+    with _staged_dir(out) as tmp:
+        model.save_pretrained(tmp, max_shard_size=max_shard_size)
+        load_tokenizer().save_pretrained(tmp)
     save_s = time.time() - t0
     shards = sorted(p.name for p in out.glob("model*.safetensors"))
     summary = {"arch": arch, "layers": layers, "full_layers": FULL_LAYERS[arch], "width": width, "seed": seed,
@@ -146,6 +153,40 @@ def write_checkpoint(arch: str, layers: int, out, width: str = "real", seed: int
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return summary
+
+
+def check_shard_size(size) -> int:
+    """Bytes of `size` (an int, or "2GB", "500MB", "1GiB", ... as save_pretrained reads it); ValueError naming
+    --max-shard-size unless it is a positive size."""
+    from transformers.utils.hub import convert_file_size_to_int
+    try:
+        n = convert_file_size_to_int(size)
+    except (ValueError, TypeError):
+        n = None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"--max-shard-size: max_shard_size must be a positive size such as 2GB, 500MB or "
+                         f"1GiB, got {size!r}")
+    return n
+
+
+@contextlib.contextmanager
+def _staged_dir(out: Path):
+    """Yield a fresh directory beside `out` to write the checkpoint into; on success its files get the umask's
+    mode (safetensors writes 0600) and it is renamed onto `out` (absent or empty), so `out` never holds half
+    a checkpoint. On any exception, an interrupt included, the staged directory is removed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        for f in tmp.rglob("*"):
+            os.chmod(f, (0o777 if f.is_dir() else 0o666) & ~umask)
+        os.chmod(tmp, 0o777 & ~umask)
+        os.replace(tmp, out)                    # onto an empty directory or a fresh name: one rename
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _reset_buffers(model) -> None:

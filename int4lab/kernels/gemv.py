@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import _checks
 from .._checks import (FLOAT_DTYPES, check_contiguous, check_devices, check_ids, check_k, check_out,
                        check_packed, check_rows_contiguous, check_shape, check_tensor)
 from .gemv_dp4a import X_CODES, X_FLOAT, X_SWIGLU
@@ -88,6 +89,27 @@ def check_linear(x, packed, scales, act="int8", out=None):
     return x2, packed, scales, N, K, dev
 
 
+F32_MAX = torch.finfo(torch.float32).max
+
+
+def check_x_range(x2, scales, K) -> None:
+    """ValueError unless the finite values of x are small enough that no float32 sum of the layer can
+    overflow: max|x| * K * 8 * max scale (the largest |y| any output could reach) within float32's range.
+    Beyond it partial sums of opposite sign overflow to +inf and -inf and a row of finite inputs comes out
+    NaN. NaN and inf in x are not refused: they propagate to their rows, as torch.nn.functional.linear's do.
+    Reads x and the scales (two reductions), so it is skipped under CUDA-graph capture and inside
+    `ids_unread()`, as check_ids is."""
+    if not _checks._ID_VALUES[-1] or _checks.capturing() or x2.numel() == 0:
+        return
+    a = x2.abs()
+    amax = float(a.masked_fill(~torch.isfinite(a), 0).amax())
+    bound = amax * K * 8 * float(scales.float().abs().amax())
+    if bound > F32_MAX:
+        raise ValueError(f"x is out of range for float32 accumulation: max|x| = {amax:.3g} times K * 8 * max "
+                         f"scale gives {bound:.3g} > {F32_MAX:.3g} (partial sums could overflow to +-inf and "
+                         f"give NaN); scale x down")
+
+
 def int4_linear(x, packed, scales, act="int8", out=None, *, plan=None):
     """Dense int4-b32 linear layer (E = 1): x [..., K] bf16/fp16/fp32 -> bf16 [..., N].
 
@@ -97,6 +119,7 @@ def int4_linear(x, packed, scales, act="int8", out=None, *, plan=None):
     or [1, N, K/32]. `plan` (a GemvPlan) overrides the launch plan of the W4A8 path.
     """
     x2, packed, scales, N, K, dev = check_linear(x, packed, scales, act, out)
+    check_x_range(x2, scales, K)
     lead = x.shape[:-1]
     R = x2.shape[0]
     out2 = check_out("out", out, (*lead, N), torch.bfloat16, dev).reshape(R, N)

@@ -150,14 +150,10 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int, renorm: bool,
 
 
 def router_topk_ref(logits: torch.Tensor, top_k: int, renorm: bool, weights_dtype: torch.dtype):
-    """From given logits [T, E]: float64 softmax, top-k, renormalised in float64 when renorm, rounded to
-    weights_dtype -> (weights [T, top_k], ids int64 [T, top_k]) (CPU). Equal probabilities come in torch.topk's
-    order, not necessarily the lower expert first as the kernel orders them: the 1e-300 offset below is far under
-    a probability's float64 resolution (tests order ties with a stable sort)."""
+    """From given logits [T, E]: float64 softmax, top-k (equal values: the lower expert), renormalised in float64
+    when renorm, rounded to weights_dtype -> (weights [T, top_k], ids int64 [T, top_k]) (CPU)."""
     p = torch.softmax(logits.cpu().double(), -1)
-    E = p.shape[-1]
-    key = p - torch.arange(E, dtype=torch.float64) * 1e-300    # a tie goes to the lower index
-    ids = torch.topk(key, top_k, -1).indices
+    ids = torch.sort(-p, dim=-1, stable=True).indices[..., :top_k]    # a tie goes to the lower index
     v = p.gather(-1, ids)
     if renorm:
         v = v / v.sum(-1, keepdim=True)

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .._checks import check_finite, check_tensor
+from .._checks import check_finite, check_k, check_module, check_positive_int, check_tensor
 from ..format import BLOCK, block_scales, check_scale_range, pack_codes, pack_int4_b32
 from .dither import DitherStream, dither_noise
 from .hessian import attn_key, expert_key, hessian_hooks, shared_key
@@ -113,6 +113,7 @@ def _swap_shared(layer, arch, act, packers) -> int:
 def check_unquantised(name: str, model) -> None:
     """ValueError naming `name` when `model` already holds int4-b32 modules: packing reads the float
     weights (gate_up_proj, q_proj.weight), which quantisation replaced."""
+    check_module(name, model)
     sch = getattr(model, "int4_scheme", None)
     if sch is not None or any(isinstance(m, (Int4Experts, Int4Linear)) for m in model.modules()):
         what = f" ({sch.name})" if sch is not None else ""
@@ -147,6 +148,8 @@ def quantize_model(model, scheme: str = "rtn", targets: str = "experts", act: st
         raise ValueError(f"min_rows must be a positive int or None (= K), got {min_rows!r}")
     if not (isinstance(damp, (int, float)) and damp > 0):
         raise ValueError(f"damp must be a positive number, got {damp!r}")
+    check_k("blocksize", blocksize, BLOCK)              # up front, whether or not an expert reaches GPTQ
+    check_positive_int("batch_size", batch_size, " (calibration sequences per forward)")
     if not (isinstance(dither, (int, float)) and 0 <= dither <= 0.5):
         raise ValueError(f"dither must be a number in [0, 0.5] (units of the scale), got {dither!r}")
     if dither and scheme != "rtn":

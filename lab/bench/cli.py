@@ -3,6 +3,7 @@ run, one receipt (defaults in `main`; the method is in the package docstring).""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -20,6 +21,21 @@ DEFAULT_BUDGET_S = 300.0
 DEFAULT_RUN_OUT = RUNS / DEFAULT_OUT.name
 
 
+def check_args(args) -> list:
+    """The --only subset as a list ([] = every impl); ValueError naming the flag and the rule."""
+    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only is not None else []
+    if args.only is not None and not only:
+        raise ValueError(f"--only must name at least one of {','.join(IMPLS)}, got {args.only!r}")
+    bad = sorted(set(only) - set(IMPLS))
+    if bad:
+        raise ValueError(f"--only must name impls from {','.join(IMPLS)}, got unknown {','.join(bad)}")
+    if args.replays < 20:
+        raise ValueError(f"--replays must be >= 20 (medians of at least 20 replays), got {args.replays}")
+    if not (math.isfinite(args.budget_s) and args.budget_s >= 0):
+        raise ValueError(f"--budget-s must be a finite number >= 0 (0 = no limit), got {args.budget_s}")
+    return only
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lab.bench", description=PACKAGE_DOC,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -27,7 +43,7 @@ def main(argv=None) -> int:
                     help="two GEMV shapes and Qwen3's MoE layer at 1 and 8 tokens: the same code path, < 1 min")
     ap.add_argument("--out", type=Path, default=DEFAULT_RUN_OUT,
                     help=f"receipt path (default runs/{DEFAULT_OUT.name}; data/receipts/ only when named here)")
-    ap.add_argument("--only", default="", help=f"comma-separated subset of {','.join(IMPLS)} (the read floor "
+    ap.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(IMPLS)} (the read floor "
                                                "is measured for every row whatever the subset)")
     ap.add_argument("--replays", type=int, default=20, help="timed graph replays per row; us = their median")
     ap.add_argument("--seed", type=int, default=0, help="seed of the weights, activations and MoE routings")
@@ -37,7 +53,11 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true",
                     help="print shapes, routed experts and bytes per call, read floors included; time nothing")
     args = ap.parse_args(argv)
-    only = [s for s in args.only.split(",") if s]
+    try:
+        only = check_args(args)                                # with --dry-run too
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.dry_run:
         for d in dry_run(args.quick, seed=args.seed):
             active = f" {d['n_active']:3d} experts" if "n_active" in d else " " * 12

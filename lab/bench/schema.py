@@ -15,7 +15,16 @@ import math
 
 from lab.paths import RECEIPTS
 
-DEFAULT_OUT = RECEIPTS / "decode_h100.json"     # the current decode receipt (its card in the name)
+
+
+def published_decode_receipt(receipts=RECEIPTS):
+    """The published decode receipt: decode_<card>.json in `receipts` (the newest card's name sorts last when two
+    cards' receipts are there); decode_h100.json when there is none."""
+    found = sorted(receipts.glob("decode_h[0-9]00.json"))
+    return found[-1] if found else receipts / "decode_h100.json"
+
+
+DEFAULT_OUT = published_decode_receipt()          # the current decode receipt (its card in the name)
 
 GEMV_IMPLS = ("int4_b32", "w4a16_cutlass", "bf16", "tinygemm", "gemlite", "marlin")
 MOE_IMPLS = ("int4_b32_moe", "bf16_loop", "grouped_mm", "int4_b32_grouped")

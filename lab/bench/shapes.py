@@ -5,21 +5,14 @@ Shape legend: E = experts, N = out features, K = in features, H = hidden, I = on
 width, D = head dim. A decode GEMV is y [1, N] = x [1, K] @ W[N, K].T; an expert is gate_up [2I, H]
 (gate rows first) and down [H, I].
 
-Published configurations (the citations are what the numbers were read from):
-  Mixtral-8x7B: transformers 5.23 `MixtralConfig` defaults (checkpoint mistralai/Mixtral-8x7B-v0.1):
-    hidden 4096, intermediate 14336, 8 local experts, top-2, 32 heads, 8 kv heads; head_dim None -> 4096/32.
-  OLMoE-1B-7B: `OlmoeConfig` defaults give hidden 2048, 64 experts, top-8, 16 heads, 16 kv heads, but
-    intermediate 2048; the released checkpoint's config.json sets intermediate_size 1024
-    (https://huggingface.co/allenai/OLMoE-1B-7B-0924/blob/main/config.json), which the recorded H200 peer
-    shapes 2048x2048 (gate_up) and 2048x1024 (down) confirm (data/receipts/anchors/decode_h200_2026-12-02.json).
-  Qwen3-30B-A3B: `Qwen3MoeConfig` defaults (checkpoint Qwen/Qwen3-30B-A3B-Base): hidden 2048, moe
-    intermediate 768, 128 experts, top-8, 32 heads, 4 kv heads; head_dim 128 is set explicitly in the
-    checkpoint's config.json (not hidden/heads = 64), as Megatron recipes state with --kv-channels 128
-    (zyzshishui/slime scripts/models/qwen3-30B-A3B.sh), hence q 4096x2048 and o 2048x4096.
+The sizes are the architecture records' published configurations (int4lab/archs: each record cites the
+config.json or config class it was read from); the bench names them mixtral, olmoe and qwen3.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from int4lab.archs import bench_models
 
 
 @dataclass(frozen=True)
@@ -36,11 +29,13 @@ class MoEModel:
     source: str
 
 
-MODELS = {
-    "mixtral": MoEModel("mixtral", 4096, 14336, 8, 2, 32, 8, 128, "Mixtral-8x7B (MixtralConfig defaults)"),
-    "olmoe": MoEModel("olmoe", 2048, 1024, 64, 8, 16, 16, 128, "OLMoE-1B-7B-0924 (config.json)"),
-    "qwen3": MoEModel("qwen3", 2048, 768, 128, 8, 32, 4, 128, "Qwen3-30B-A3B (Qwen3MoeConfig + head_dim 128)"),
-}
+def _bench_model(name: str, arch) -> MoEModel:
+    z = arch.published_sizes()
+    return MoEModel(name, z["hidden"], z["intermediate"], z["experts"], z["top_k"], z["heads"], z["kv_heads"],
+                    z["head_dim"], arch.published.label)
+
+
+MODELS = {name: _bench_model(name, a) for name, a in bench_models().items()}
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import time
@@ -92,6 +93,19 @@ def _check(args) -> None:
         raise ValueError(f"--batches must be >= 1, got {args.batches}")
     if min(args.contexts) <= 32 + args.prompt:
         raise ValueError(f"--contexts must exceed 32 positions of headroom and the prompt, got {args.contexts}")
+    for flag in ("replays", "samples", "eager_steps", "eager_samples", "floor_replays", "prompt"):
+        v = getattr(args, flag)
+        if v < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be an int >= 1, got {v}")
+    for flag in ("eager_warmup", "greedy_steps", "seed"):
+        if getattr(args, flag) < 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be an int >= 0, got {getattr(args, flag)}")
+    if not (math.isfinite(args.budget_s) and args.budget_s > 0):
+        raise ValueError(f"--budget-s must be a positive finite number of seconds, got {args.budget_s}")
+    if set(args.runs) == {"graphed"} and not torch.cuda.is_available():
+        raise ValueError("--runs graphed needs a CUDA device (a captured CUDA graph) and torch sees none: add eager")
+    if not (math.isfinite(args.compile_reserve_s) and args.compile_reserve_s >= 0):
+        raise ValueError(f"--compile-reserve-s must be a finite number >= 0, got {args.compile_reserve_s}")
 
 
 def _prior(path, flag) -> dict:

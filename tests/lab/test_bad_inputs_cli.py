@@ -54,7 +54,6 @@ def _main(name):
 G = ["--model", "olmoe", "--max-docs", "20", "--texts", "test"]
 RSG = ["--arch", "olmoe", "--width", "tiny", "--workdir", "{tmp}/w", "--out", "{tmp}/r.json"]
 DS = ["--arch", "olmoe", "--width", "tiny", "--out", "{tmp}/d.json"]
-DEFERRED = pytest.mark.xfail(strict=True, reason='not fixed yet: the fix changes code that the published GPU receipts (decode_h100.json, decode_step_h100.json) measured, so it lands with their re-measurement')
 
 CASES = [
     # gate: values the `or` fallbacks used to swallow, and settings checked only after the model loaded
@@ -78,12 +77,12 @@ CASES = [
     ("realscale", ["--arch", "olmoe", "--width", "tiny", "--layers", "1", "--workdir", "{tmp}/w", "--split-gpu",
                    "lots"], r"--split-gpu must be a size with a unit"),
     # decode_step
-    pytest.param("decode", DS + ["--replays", "0"], r"--replays must be an int >= 1", marks=DEFERRED),
-    pytest.param("decode", DS + ["--samples", "0"], r"--samples must be an int >= 1", marks=DEFERRED),
+    pytest.param("decode", DS + ["--replays", "0"], r"--replays must be an int >= 1"),
+    pytest.param("decode", DS + ["--samples", "0"], r"--samples must be an int >= 1"),
     ("decode", DS + ["--prior", "{tmp}/nope.json"], r"--prior '.*nope.json' does not exist"),
     ("decode", DS + ["--prior", "{garbage}"], r"--prior '.*garbage.json' is not a readable JSON receipt"),
-    pytest.param("decode", DS + ["--budget-s", "-5"], r"--budget-s must be a positive finite", marks=DEFERRED),
-    *([pytest.param("decode", DS + ["--runs", "graphed"], r"--runs graphed needs a CUDA device", marks=DEFERRED)]
+    pytest.param("decode", DS + ["--budget-s", "-5"], r"--budget-s must be a positive finite"),
+    *([pytest.param("decode", DS + ["--runs", "graphed"], r"--runs graphed needs a CUDA device")]
       if not torch.cuda.is_available() else []),
     # llamacpp
     ("llamacpp", ["--model", "olmoe", "--threads", "0", "--out", "{tmp}/l.json"], r"--threads must be an int >= 1"),
@@ -91,10 +90,10 @@ CASES = [
     ("llamacpp", ["--model", "olmoe", "--windows", "0", "--out", "{tmp}/l.json"], r"--windows must be an int >= 1"),
     ("llamacpp", ["--model", "{tmp}/nope", "--out", "{tmp}/l.json"], r"--model '.*nope' is neither"),
     # bench: --dry-run checks too
-    pytest.param("bench", ["--dry-run", "--only", "nonsense"], r"--only must name impls from .*unknown nonsense", marks=DEFERRED),
-    pytest.param("bench", ["--dry-run", "--only", ""], r"--only must name at least one", marks=DEFERRED),
-    pytest.param("bench", ["--dry-run", "--replays", "5"], r"--replays must be >= 20", marks=DEFERRED),
-    pytest.param("bench", ["--dry-run", "--budget-s", "-1"], r"--budget-s must be a finite number >= 0", marks=DEFERRED),
+    pytest.param("bench", ["--dry-run", "--only", "nonsense"], r"--only must name impls from .*unknown nonsense"),
+    pytest.param("bench", ["--dry-run", "--only", ""], r"--only must name at least one"),
+    pytest.param("bench", ["--dry-run", "--replays", "5"], r"--replays must be >= 20"),
+    pytest.param("bench", ["--dry-run", "--budget-s", "-1"], r"--budget-s must be a finite number >= 0"),
     # lab.bench.pack
     ("bench_pack", ["--shapes", "0x64", "--no-write"], r"--shapes 0x64: N must be >= 1"),
     ("bench_pack", ["--shapes", "64x33", "--no-write"], r"--shapes 64x33: .*multiple of 32"),
@@ -111,11 +110,11 @@ CASES = [
     ("sweep", ["--kinds", "zz", "--out", "{tmp}/s.json"], r"--kinds must be a comma list of dp4a, baselines"),
     # synth
     pytest.param("synth", ["--arch", "olmoe", "--width", "tiny", "--layers", "1", "--device", "gpu7", "--out", "{tmp}/s"],
-     r"--device: device must be cpu or cuda", marks=DEFERRED),
+     r"--device: device must be cpu or cuda"),
     pytest.param("synth", ["--arch", "olmoe", "--width", "tiny", "--layers", "1", "--max-shard-size", "lots", "--out", "{tmp}/s"],
-     r"--max-shard-size: max_shard_size must be a positive size", marks=DEFERRED),
+     r"--max-shard-size: max_shard_size must be a positive size"),
     pytest.param("synth", ["--arch", "olmoe", "--width", "tiny", "--layers", "1", "--max-shard-size", "0", "--out", "{tmp}/s"],
-     r"--max-shard-size: max_shard_size must be a positive size", marks=DEFERRED),
+     r"--max-shard-size: max_shard_size must be a positive size"),
     # export: calibration sizes against each other and the trained context, before the model loads
     ("export", ["--model", "olmoe", "--scheme", "gptq", "--calib-tokens", "10", "--out", "{tmp}/x.gguf"],
      r"--calib-tokens: calib_tokens must be at least calib_len \(256\)"),
@@ -216,7 +215,6 @@ def test_notebooks_no_write_leaves_the_committed_figures_as_they_were(tmp_path, 
     assert (figs / "kept.png").read_bytes() == b"overwritten"
 
 
-@DEFERRED
 def test_synth_stages_its_checkpoint_and_keeps_umask_modes(tmp_path, monkeypatch):
     """An interrupted write leaves no --out (and no staging folder); a finished one has umask modes throughout
     (safetensors itself writes 0600)."""

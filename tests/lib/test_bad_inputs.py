@@ -324,7 +324,6 @@ def test_receipts_are_written_atomically(tmp_path, monkeypatch):
 
 
 
-@pytest.mark.xfail(strict=True, reason='not fixed yet: the fix (int4lab/files.py) changes code that the published GPU receipts measured, so it lands with their re-measurement')
 def test_an_overwrite_keeps_the_file_mode(tmp_path):
     """A file rewritten through atomic_path keeps its mode, whatever the writer does to the temporary file
     (safetensors recreates it as 0600): as an in-place write would."""

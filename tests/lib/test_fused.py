@@ -67,11 +67,7 @@ def test_router_matches_its_contract(device, dtype, T, H, E, A, renorm):
     else:
         within_ulps(logits, ref.to(dtype), dtype)                            # the dot, rounded once to the dtype
     rw, rid = router_topk_ref(logits, A, renorm, wdt)                       # the rest, from the kernel's logits
-    p = torch.softmax(logits.cpu().double(), -1)
-    rid = torch.sort(-p, dim=-1, stable=True).indices[:, :A]               # equal values: the lower expert first
     assert torch.equal(ids.cpu(), rid)
-    rw = p.gather(-1, rid)
-    rw = (rw / rw.sum(-1, keepdim=True) if renorm else rw).to(wdt)
     within_ulps(wts, rw, wdt, ulps=4 if wdt == torch.float32 else 1)       # float32 sums in another order
     assert counters_zero()
 
