@@ -28,7 +28,7 @@
 # Writes under $OUT, every receipt named for the card (h100 / h200): cuda_tests_<card>.txt, replay_check.json,
 # sanitizer_<card>.txt, decode_<card>.json, decode_step_<card>.json, decode_step_qwen2_moe_<card>.json,
 # realscale_gate_olmoe_<card>.json,
-# realscale_gate_full_olmoe_<card>.json, dither_cuda_<card>.txt, realscale_gate_qwen3_moe_<card>.json,
+# realscale_gate_full_olmoe_<card>.json (and the gate's whole output, .gate.txt), dither_cuda_<card>.txt, realscale_gate_qwen3_moe_<card>.json,
 # realscale_gate_mixtral_<card>.json, prefill_<card>.json. Carried wheels in .whl/ (git-ignored) are installed
 # first: transformers (the pinned version; the image's is older) and GemLite (a peer column of the bench).
 set -uo pipefail
@@ -118,7 +118,8 @@ if has gate_full; then
   stage "gate at full depth: OLMoE 16 layers"
   rm -rf /dev/shm/rsg_full
   timeout ${GATE_S:-480} python3 -m lab.realscale_gate --arch olmoe --full --workdir /dev/shm/rsg_full \
-    --out "$OUT/realscale_gate_full_olmoe_$card.json" 2>&1 | grep --line-buffered -v "Writing model shards\|Loading weights" | tail -30
+    --out "$OUT/realscale_gate_full_olmoe_$card.json" 2>&1 | grep --line-buffered -v "Writing model shards\|Loading weights" \
+    | tee "$OUT/realscale_gate_full_olmoe_$card.gate.txt" | tail -30
   rm -rf /dev/shm/rsg_full
 fi
 if has gate_fit; then

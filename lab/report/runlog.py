@@ -1,6 +1,7 @@
 """What a real-width gate run's log says when the run stopped before its receipt could: the phases that finished,
 read from the lines `lab.realscale_gate` and the gate print (`data/receipts/realscale_gate_*_<card>.log`, the
-stage's whole output beside its interrupted receipt)."""
+stage's output as `lab/gpu_run.sh` printed it, beside its interrupted receipt; a log may keep only the gate's last
+lines)."""
 from __future__ import annotations
 
 import re
@@ -51,7 +52,9 @@ def summary_text(path: Path) -> str:
     if "tokens" in s:
         parts.append(f"{s['tokens']:,} tokens in {s['forwards']} forwards per model (window {s['window']})")
     if s["built"]:
-        parts.append(f"{s['arms_built']} arms built, median quantise time by kind: " + ", ".join(
+        head = (f"{s['arms_built']} arms built" if "checkpoint_s" in s else "the gate's first lines are not in it "
+                f"(the stage printed only the gate's last lines); the {s['arms_built']} arms built in the lines kept")
+        parts.append(head + ", median quantise time by kind: " + ", ".join(
             f"{k} {statistics.median(v):.1f} s ({len(v)})" for k, v in sorted(s["built"].items())))
     for i, (n, sec) in enumerate(s["groups"]):
         parts.append(f"group {i}: {n} arms scored in {sec:.1f} s ({sec / n:.1f} s per arm, the source's forwards "
