@@ -3,7 +3,8 @@ documents), the draws of one calibration method side by side, the rounding band 
 edges' uncertainty, the calibration test, the arm chosen on development documents, each derived again from what
 the receipt stores; and the comparison of a live re-run with the receipt at a stated tolerance.
 
-Nothing here measures, except `rerun_ticket` (the live re-run). Every other function reads gate receipts
+Nothing here measures, except `rerun_ticket` (the live re-run); `normal_ticket_facts` simulates what 16 normally
+spread tickets can say about their own spread (a property of the estimators). Every other function reads gate receipts
 (data/receipts/gate_<model>.json, written by `regenerate(model)`) and reshapes or re-checks them. All figures
 are relative perplexity changes (ppl_a / ppl_b - 1), paired on the same documents, with 95 % bootstrap intervals
 over documents (`int4lab.gate.stats`): pairing removes the variance the two arms share, and the interval of a
@@ -18,6 +19,11 @@ helps, hurts}}}; choice {chosen, score, rule, held_out, verdict}.
 """
 from __future__ import annotations
 
+import math
+from statistics import NormalDist
+
+import numpy as np
+
 from int4lab.gate import calibration_judgement, choose, rounding_band, verdict
 from lab.paths import RECEIPTS
 from lab.provenance import read_receipt
@@ -29,8 +35,10 @@ RERUN_FRACTION = 0.05               # a live re-run reproduces an interval withi
 
 
 def regenerate(a: str) -> str:
-    """The command that writes data/receipts/gate_<a>.json."""
-    return (f"python -m lab.gate --model {a} --scheme rtn gptq --lottery 16 --threads 1 "
+    """The command that writes data/receipts/gate_<a>.json, on the CPU as the published receipts were made: without
+    --device the gate picks CUDA where there is one, scores the source in bfloat16 and runs the arms through the
+    int4 kernels, so its parity check no longer compares the kernels with the torch reference."""
+    return (f"python -m lab.gate --model {a} --scheme rtn gptq --lottery 16 --threads 1 --device cpu "
             f"--out data/receipts/gate_{a}.json")
 
 
@@ -222,6 +230,26 @@ def ticket_kl(receipts: dict, base: str = RTN) -> list[dict]:
                 rows.append({"model": a, "ticket": n, "text": t, "KL": k["value"], "RTN KL": k0["value"],
                              "ratio": k["value"] / k0["value"], "CI above": k["lo"] > k0["hi"]})
     return rows
+
+
+def normal_ticket_facts(k: int, q: float, samples: int = 200_000, seed: int = 0) -> dict:
+    """What k normally spread tickets say about their own spread, simulated (seeded, `samples` sets of k
+    standard normal values): "mean edge", the mean of the linearly interpolated 1 - q quantile minus the q
+    quantile, halved (np.quantile, as `gate.rounding_band`), in units of the true sd, against "true edge" z_(1-q);
+    "width ratio", the band's mean width over the true one; "lower beyond" / "upper beyond", the share of sets
+    whose edge lies beyond the true percentile; "sd rse", the sample sd's relative standard error 1/sqrt(2 (k - 1));
+    "sd 95% lo" / "sd 95% hi", the 2.5 % and 97.5 % quantiles of true sd / sample sd (ddof 1): the range a 95 %
+    interval for the true sd spans, in units of the sample sd. Properties of the estimators, not of a receipt."""
+    if k < 2 or not 0 < q < 0.5:
+        raise ValueError(f"k must be at least 2 and q in (0, 0.5), got k={k!r}, q={q!r}")
+    x = np.random.default_rng(seed).standard_normal((samples, k))
+    lo, hi = np.quantile(x, [q, 1 - q], axis=1)
+    z = NormalDist().inv_cdf(1 - q)
+    sd_lo, sd_hi = np.quantile(1 / x.std(axis=1, ddof=1), [0.025, 0.975])
+    return {"tickets": k, "q": q, "true edge": z, "mean edge": float((hi - lo).mean() / 2),
+            "width ratio": float((hi - lo).mean() / (2 * z)),
+            "lower beyond": float((lo < -z).mean()), "upper beyond": float((hi > z).mean()),
+            "sd rse": 1 / math.sqrt(2 * (k - 1)), "sd 95% lo": float(sd_lo), "sd 95% hi": float(sd_hi)}
 
 
 def judgement_again(receipt: dict, scheme: str = GPTQ) -> dict:

@@ -44,3 +44,46 @@ def test_rerun_ticket_reproduces_a_small_gate_run(tok, monkeypatch):
     assert gs.verdicts_rederived(r) == [] and gs.choice_again(p) == p["choice"]["chosen"] == "rtn/experts/W4A8"
     rows = gs.arm_rows(r)
     assert {x["held-out docs"] for x in rows} == {len(p["split"]["texts"]["ood"]["held_out"])} == {gate.MIN_DOCS}
+
+
+def _normal_order_mean(r: int, n: int) -> float:
+    """E[X_(r)] of n standard normal values (1-based r), by fp64 quadrature of the order statistic's density."""
+    import math
+
+    import numpy as np
+    x = np.linspace(-12, 12, 200_001)
+    cdf = 0.5 * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    pdf = np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    c = math.factorial(n) / (math.factorial(r - 1) * math.factorial(n - r))
+    return float(np.trapezoid(x * c * cdf ** (r - 1) * (1 - cdf) ** (n - r) * pdf, x))
+
+
+@pytest.mark.parametrize("k, q", [(16, 0.05), (11, 0.1)])
+def test_normal_ticket_facts_against_order_statistics(k, q):
+    """The simulated band edge matches the expectation of np.quantile's linear interpolation between order
+    statistics; the sd interval covers the true sd 95 % of the time on fresh sets; bad arguments are refused."""
+    import numpy as np
+    nf = gs.normal_ticket_facts(k, q, samples=50_000, seed=1)
+    h = (k - 1) * q                                  # np.quantile's 0-based position of the q quantile
+    j, f = int(h), h - int(h)
+    want = -((1 - f) * _normal_order_mean(j + 1, k) + f * _normal_order_mean(j + 2, k))
+    assert nf["mean edge"] == pytest.approx(want, abs=0.01)
+    assert nf["width ratio"] == pytest.approx(want / nf["true edge"], abs=0.01) and nf["width ratio"] < 1
+    assert 0 < nf["lower beyond"] < 0.5 and 0 < nf["upper beyond"] < 0.5
+    assert nf["sd rse"] == pytest.approx((2 * (k - 1)) ** -0.5)
+    ratio = 1 / np.random.default_rng(2).standard_normal((50_000, k)).std(axis=1, ddof=1)
+    covered = ((ratio >= nf["sd 95% lo"]) & (ratio <= nf["sd 95% hi"])).mean()
+    assert covered == pytest.approx(0.95, abs=0.005) and nf["sd 95% lo"] < 1 < nf["sd 95% hi"]
+    for bad in ({"k": 1, "q": 0.05}, {"k": 16, "q": 0.5}, {"k": 16, "q": 0}):
+        with pytest.raises(ValueError, match="k must be at least 2 and q in"):
+            gs.normal_ticket_facts(**bad)
+
+
+def test_regenerate_pins_the_cpu():
+    """The regenerating command parses as the gate's flags and runs on the CPU, where the receipts were made."""
+    import shlex
+
+    from int4lab.gate.cli import parser
+    args = parser().parse_args(shlex.split(gs.regenerate("olmoe"))[3:])
+    assert args.device == "cpu" and args.model == "olmoe" and args.lottery == 16 and args.threads == 1
+    assert args.out == "data/receipts/gate_olmoe.json"
