@@ -185,6 +185,30 @@ def realscale_table(receipts=RECEIPTS) -> str:
 DECODE_STEP_START, DECODE_STEP_END = "<!-- decode-step:start -->", "<!-- decode-step:end -->"
 
 
+def compiled_bf16_text(r: dict) -> str:
+    """The decode-step table's note on its best bf16: which models and cases the receipt has a compiled bf16 row
+    for, whether compiling made bf16 the fastest there, and that every other row's best bf16 is uncompiled."""
+    cases, slower, none = {}, [], []
+    for arch, a in r.get("archs", {}).items():
+        got = sorted({(x["batch"], x["context"]) for x in a.get("rows", [])
+                      if x.get("state") == "bf16" and x.get("run") == "compiled" and x.get("per_layer_us")})
+        none += [] if got else [arch]
+        for b, c in got:
+            cases.setdefault((b, c), []).append(arch)
+            best = (a.get("summary", {}).get(f"B{b} C{c}") or {}).get("best_bf16") or {}
+            slower += [] if best.get("run") == "compiled" else [f"{arch} at batch {b}, context {c}"]
+    if not cases:
+        return ("Best bf16 measured: the best of eager and graphed (the receipt compiled no bf16), so the tokens/s "
+                "ratios would likely be lower against a compiled bf16.")
+    where = "; ".join(f"{' and '.join(archs)} at batch {b}, context {c}" for (b, c), archs in sorted(cases.items()))
+    made = ("where compiling made it the fastest bf16" if not slower else
+            f"where compiling made it the fastest bf16 but for {', '.join(slower)}")
+    return (f"Best bf16 measured: bf16 was compiled only for {where}, {made}"
+            + (f" ({' and '.join(none)}: no compiled bf16 row in this receipt)" if none else "")
+            + "; in every other row it is the best of eager and graphed, so those tokens/s ratios would likely be "
+              "lower against a compiled bf16.")
+
+
 def decode_step_table(receipts=RECEIPTS) -> str:
     """What int4 buys in a whole decode step (`python -m lab.decode_step`): per model, batch and context, one
     layer's time against its read floor: int4 as quantised, int4_fused and int4_fused2 (`fuse_decode`) graphed,
@@ -222,9 +246,7 @@ def decode_step_table(receipts=RECEIPTS) -> str:
                 f"Parts that failed (their errors are in the receipt): {errs}. " if errs else "") +
                 "Eager column: per layer = step(2 layers) − step(1 layer) from the run's eager samples, with the range "
                 "they allow (min step(2) − max step(1) to max step(2) − min step(1)); undecided where that range "
-                "reaches zero. Best bf16 measured: bf16 was compiled only at batch 1, context 256, where compiling made it "
-                "the fastest on every model; in the other rows it is the best of eager and graphed, so their tokens/s "
-                "ratios would likely be lower against a compiled bf16. A batch of 16 is 16 identical sequences "
+                "reaches zero. " + compiled_bf16_text(r) + " A batch of 16 is 16 identical sequences "
                 "(every row starts from the same token over the "
                 "same cache): it reads batch 1's experts, so its rows are not batched decoding of distinct sequences. "
                 f"`{path.name}`: {_prov(r)}.")
