@@ -11,12 +11,15 @@ k = K). Its timer differs from the bench's: an eager stream running the op back 
 so a shape whose weights fit in L2 (tens of MB) may be read partly from cache; activations are f32 in and out.
 Rows say so (`timer`), and the report marks them. `--rotated` adds a second timing of the same cases by a small
 harness over the built ggml library that times like the bench (weight copies rotated past 4x L2, ggml's CUDA
-graphs, median of 20 samples of >= 16 calls, host wall clock per sample): impls `llamacpp_<type>_rot[_moe]`.
+graphs, median of 20 samples of >= 16 ops (one op per weight copy per graph call, ceil(16 / copies) calls),
+host wall clock per sample): impls `llamacpp_<type>_rot[_moe]`.
 
 A MoE row is a sum of one token's routed expert matmuls (MUL_MAT_ID), `parts_us`: `gate_up` is twice the one
-timed [I, H] op (llama.cpp keeps gate and up as separate expert tensors of that shape, so a layer launches it twice;
-`cases` asks for it once) and `down` the timed [H, I] op. So the row stands for three launches built from two
-timings. The SwiGLU and the weighted combine (small elementwise launches) are not counted.
+timed [I, H] op (llama.cpp keeps gate and up as separate expert tensors of that shape, so one timing is counted
+twice; `cases` asks for it once) and `down` the timed [H, I] op. The SwiGLU and the weighted combine (small
+elementwise launches) are not counted. At one token ggml's CUDA backend can fuse gate, up and the SwiGLU into one
+MMVQ launch with one activation quantisation (`mul_mat_id_glu_ops` in ggml-cuda.cu), so this sum of two separately
+timed ops likely overstates llama.cpp's real layer: a lead over it is an upper bound.
 """
 from __future__ import annotations
 
