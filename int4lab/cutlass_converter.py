@@ -109,8 +109,10 @@ def trace_labels(stage, K: int, N: int) -> torch.Tensor:
 
 
 def pr_tables() -> dict:
-    """Every table of the PR, recomputed from this module's functions (the notebook and tests compare them with
-    the PR's text). Orders are k indices of one column (n = 0), 32 consecutive k = 4 words = 16 bytes."""
+    """The PR's tables (the notebook and tests compare them with the PR's text). The layout tables are traced
+    through this module's layout code; `int8_map` is Paddle's wint8 map, copied as given, and the three after it
+    replay the PR's recipe on it (its end point, `int8_plus_half`, equals the traced `permute_kk`). Orders are k
+    indices of one column (n = 0), 32 consecutive k = 4 words = 16 bytes."""
     K, N = 64, 8
     k_of = lambda lab: (lab // N).tolist()  # noqa: E731
     final = trace_labels(interleave_codes, K, N)[:32]                          # nibbles of bytes 0..15 (column 0)

@@ -80,7 +80,8 @@ def test_permute_kk_arithmetic_matches_its_table():
 
 def test_pr_tables_regenerated():
     t = cc.pr_tables()
-    # The PR's tables, as printed in its description, then our recomputation.
+    # The PR's tables, as printed in its description: the layout tables traced through our layout code; int8_map is
+    # copied from Paddle, and the recipe replayed on it must end at the traced permute_kk.
     assert t["converter_output"] == [0, 1, 8, 9, 16, 17, 24, 25, 2, 3, 10, 11, 18, 19, 26, 27,
                                      4, 5, 12, 13, 20, 21, 28, 29, 6, 7, 14, 15, 22, 23, 30, 31]
     assert t["word_holds"] == [0, 2, 4, 6, 1, 3, 5, 7]
