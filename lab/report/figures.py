@@ -13,7 +13,7 @@ MOE_COLORS = {"int4_b32_moe": "tab:red", "int4_b32_grouped": "tab:purple", "bf16
               "grouped_mm": "tab:brown"}
 
 
-GEMV_LABELS = {"int4_b32": "int4_b32 (ours, W4A8, tuned plan)",
+GEMV_LABELS = {"int4_b32": "int4_b32 (ours, W4A8, plan table)",
                "w4a16_cutlass": "w4a16_cutlass (ours, W4A16, untuned)",
                "bf16": "bf16 cuBLAS (16-bit weights)",
                "tinygemm": "tinygemm (torch, W4A16)",
