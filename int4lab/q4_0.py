@@ -1,12 +1,13 @@
-"""int4-b32 <-> llama.cpp / GGUF `Q4_0`: the same grid, another nibble order; a lossless transcode.
+"""int4-b32 <-> llama.cpp / GGUF `Q4_0`: the same grid, another nibble order, inline scales; a lossless transcode.
 
 Shape legend: N = rows (out features), K = in features (K % 32 == 0), B = K / 32 blocks per row.
 
 A Q4_0 block (ggml's `block_q4_0`, 18 bytes) holds one fp16 scale `d` and 16 bytes `qs` of 32 codes:
     qs[j] = q[j] | q[j + 16] << 4         (element j in the low nibble, element j + 16 in the high one)
     w[j]  = (q[j] - 8) * d
-int4-b32 holds the same codes q = code + 8 and the same fp16 scale, with byte p = q[2p] | q[2p + 1] << 4.
-So a transcode moves nibbles and copies the scale bits: no value is re-quantised, and the decoded
+int4-b32 holds the same codes q = code + 8 and the same fp16 scale, with byte p = q[2p] | q[2p + 1] << 4,
+and keeps its scales in a separate tensor rather than at the head of each block. So a transcode moves
+nibbles and interleaves the scale bits, unchanged, into the blocks: no value is re-quantised, and the decoded
 weights are bit-identical (`dequant_int4_ref` of the pack == ggml's Q4_0 decode of the blocks).
 """
 from __future__ import annotations
