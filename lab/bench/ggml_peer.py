@@ -18,8 +18,10 @@ A MoE row is a sum of one token's routed expert matmuls (MUL_MAT_ID), `parts_us`
 timed [I, H] op (llama.cpp keeps gate and up as separate expert tensors of that shape, so one timing is counted
 twice; `cases` asks for it once) and `down` the timed [H, I] op. The SwiGLU and the weighted combine (small
 elementwise launches) are not counted. At one token ggml's CUDA backend can fuse gate, up and the SwiGLU into one
-MMVQ launch with one activation quantisation (`mul_mat_id_glu_ops` in ggml-cuda.cu), so this sum of two separately
-timed ops likely overstates llama.cpp's real layer: a lead over it is an upper bound.
+MMVQ launch with one activation quantisation (`mul_mat_id_glu_ops` in ggml-cuda.cu), which this sum of separately
+timed ops does not credit; the combine it leaves out, and an eager timer's L2 reuse, push the other way. Neither was
+measured, so the sum may lie above or below llama.cpp's real layer: a lead over it is no bound. A MoE row records no
+p10/p90; a GEMV row keeps the rotating harness's where its line prints them.
 """
 from __future__ import annotations
 

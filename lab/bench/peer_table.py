@@ -150,8 +150,9 @@ def moe_table(rec) -> str:
 
 
 def overlap(a: dict, b: dict) -> bool:
-    """True when two rows' p10-p90 spans touch (a row without percentiles, ggml's, is the point at its median, so
-    for it only the other row's span is checked): a difference inside them is not a lead this run can vouch for."""
+    """True when two rows' p10-p90 spans touch (a row without percentiles, ggml's eager rows and MoE sums, is the
+    point at its median, so for it only the other row's span is checked): a difference inside them is not a lead
+    this run can vouch for."""
     lo_a, hi_a = a.get("p10_us", a["us"]), a.get("p90_us", a["us"])
     lo_b, hi_b = b.get("p10_us", b["us"]), b.get("p90_us", b["us"])
     return lo_a <= hi_b and lo_b <= hi_a
@@ -161,7 +162,8 @@ def overlap(a: dict, b: dict) -> bool:
 # rows (llamacpp_*) by host wall clock around many calls, so their time may hold host-side cost ours excludes. An
 # ASSUMPTION, not a measurement: ggml's host cost per call is under HOST_TIMER_MIN_US, so on an op whose time is at
 # least that the host runs ahead of the GPU and only a share of the final synchronize stays in the time; a ratio
-# within HOST_MARGIN of 1 is still not decided (that share and the ggml rows' spread are unrecorded).
+# within HOST_MARGIN of 1 is still not decided (that share and the ggml rows' run-to-run spread are unmeasured; the
+# rotated rows' p10/p90 is one run's sample spread, the eager rows and MoE sums record none).
 HOST_TIMED = "llamacpp"
 HOST_TIMER_MIN_US = 10.0
 HOST_MARGIN = 0.05
