@@ -88,13 +88,21 @@ def linear_case(R, N, K, device, act, pack=None):
 
 
 def grouped_case(L, N, K, E, device, block_m=4):
+    """The dp4a grouped kernel on L routed rows over E >= 2 experts. The ids skip expert E // 2, so an expert with
+    no row always sits between experts that have rows (a random draw leaves one empty only by chance); the row
+    adds "empty_experts", the number of experts that got no row."""
+    if E < 2:
+        raise ValueError(f"E must be >= 2 (one expert is left without rows), got {E}")
     p, s = (t.to(device) for t in pack_int4_b32(torch.randn(E, N, K) * 0.1))
-    ids = torch.randint(0, E, (L,), dtype=torch.int32, device=device)
+    ids = torch.randint(0, E - 1, (L,), dtype=torch.int32)
+    ids = (ids + (ids >= E // 2).int()).to(device)            # E - 1 values onto [0, E) without E // 2
     t = build_group_tiles(ids, E, block_m)
     xq, xs = quant_x_rows(torch.randn(L, K).bfloat16().to(device))
     out = gemm_int4_b32_grouped(xq, xs, p, s, t, out=_poisoned((L, N), device))
-    return _row("gemm_int4_b32_grouped", f"L{L} {N}x{K} E{E} block_m={block_m}", out,
-                _gemv_ref64(xq, xs, p, s, ids, N, K))
+    row = _row("gemm_int4_b32_grouped", f"L{L} {N}x{K} E{E} block_m={block_m}", out,
+               _gemv_ref64(xq, xs, p, s, ids, N, K))
+    row["empty_experts"] = int((torch.bincount(ids.cpu().long(), minlength=E) == 0).sum())
+    return row
 
 
 def moe_case(T, A, E, H, I, device, grouped=False):

@@ -44,6 +44,18 @@ def test_floor_rounding_differs_from_rint_only_at_ties():
     tie[0, :3] = torch.tensor([127.0, 2.5, -3.5])                   # s = 1: exact halves
     assert il.quant_x_rows_ref(tie)[0][0, :3].tolist() == [127, 2, -4]
     assert accuracy.quant_x_rows_floor_ref(tie)[0][0, :3].tolist() == [127, 3, -3]
+    near = torch.zeros(1, 32)
+    near[0, :2] = torch.tensor([127.0, 0.5 - 2.0 ** -25])            # no tie, x / s = x * (1/s); + 0.5 rounds to 1
+    assert il.quant_x_rows_ref(near)[0][0, :2].tolist() == [127, 0]
+    assert accuracy.quant_x_rows_floor_ref(near)[0][0, :2].tolist() == [127, 1]
+
+
+def test_grouped_case_leaves_a_middle_expert_without_rows():
+    torch.manual_seed(3)
+    row = accuracy.grouped_case(9, 8, 64, 3, "cpu", block_m=2)
+    assert row["empty_experts"] >= 1 and row["unwritten"] == 0 and row["rel_err"] <= accuracy.BOUND
+    with pytest.raises(ValueError, match="E must be"):
+        accuracy.grouped_case(4, 8, 64, 1, "cpu")
 
 
 def test_excerpt_cuts_between_markers_and_names_a_missing_one():
