@@ -163,3 +163,30 @@ def test_chapter_rules_undecided_eager_and_names_our_kernels():
     bd = {"state": "s", "per_layer_us": {}, "depths": {"1": {"eager_kernels": ks(1)}, "2": {"eager_kernels": ks(2)}}}
     assert ch.our_kernels({"breakdown": [bd]}, "s") == {"gemv_dp4a_kernel @ attn_proj": [1, 3.0],
                                                         "gemv_dp4a_kernel @ experts": [2, 9.0]}
+
+
+def test_tokens_target_is_undecided_without_compiled_bf16():
+    """The tokens/s target against bf16 at its best is decided only where bf16 was compiled; without a compiled
+    bf16 row it is undecided, with the reason, and the graphed comparison is its own (lower) target."""
+    from lab.chapters import decode_step as ch
+    def row(st, impl, run, us, tps):
+        return {"state": st, "impl": impl, "run": run, "batch": 1, "context": 256, "per_layer_us": us,
+                "samples_us": {"1": [us, us], "2": [2 * us, 2 * us]}, "fixed_us": 0.0, "tokens_per_s": tps}
+
+    def rec(compiled: bool) -> dict:
+        rows = [row("int4_fused2", None, "graphed", 10.0, 400.0), row("bf16", "grouped_mm", "graphed", 40.0, 100.0)]
+        s = {"best_bf16": {"impl": "grouped_mm", "run": "graphed", "tokens_per_s": 100.0}}
+        if compiled:
+            rows.append(row("bf16", "grouped_mm", "compiled", 20.0, 200.0))
+            s = {"best_bf16": {"impl": "grouped_mm", "run": "compiled", "tokens_per_s": 200.0},
+                 "bf16_compiled_per_layer_us": 20.0}
+        a = {"rows": rows, "summary": {"B1 C256": s}, "greedy": {"steps": 4, "states": {}},
+             "floors": {"int4 B1 C256": {"us": 5.0}, "bf16 B1 C256": {"us": 20.0}}}
+        return {"card": "h100", "archs": {"olmoe": a}}
+    best = "B1 C256: int4 tokens/s >= 3x bf16 at its best"
+    graphed = "B1 C256: int4 tokens/s >= 3x bf16 graphed (none compiled)"
+    t = {x["target"]: x for x in ch.targets(rec(False))}
+    assert t[best]["met"] is None and t[best]["undecided"] and t[graphed]["met"] is True
+    t = {x["target"]: x for x in ch.targets(rec(True))}
+    assert t[best]["met"] is False and t[best]["undecided"] is None and graphed not in t
+    assert ch.earlier_compiled_bf16(rec(True), ch.RECEIPTS / "decode_step_none.json") == []   # in no version
