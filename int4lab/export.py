@@ -230,13 +230,9 @@ def add_hparams(writer, model) -> None:
         writer.add_expert_shared_feed_forward_length(ex["shared_intermediate"])
 
 
-def add_tokenizer(writer, tokenizer_dir=None, add_bos: bool = True) -> None:
-    """Our byte-level BPE (tokenizer.json) as a gpt2-style vocabulary: tokens, types, merges, specials.
-
-    llama.cpp's `gpt-2` pre-tokeniser is the regex of HF's ByteLevel(use_regex=True). add_bos: llama.cpp
-    prepends <|bos|> when it tokenises a prompt (the models saw one at the start of every document).
-    """
-    import gguf
+def read_tokenizer(tokenizer_dir=None):
+    """(path, tokenizer.json as a dict, {token: id} with the specials, {id: special}, token count) of the byte-level
+    BPE tokenizer in `tokenizer_dir` (default: this repository's)."""
     from .models import TOKENIZER_DIR
     path = Path(tokenizer_dir or TOKENIZER_DIR) / "tokenizer.json"
     tj = json.loads(path.read_text(encoding="utf-8"))
@@ -245,7 +241,17 @@ def add_tokenizer(writer, tokenizer_dir=None, add_bos: bool = True) -> None:
     vocab = dict(tj["model"]["vocab"])
     specials = {t["id"]: t["content"] for t in tj.get("added_tokens", [])}
     vocab.update({c: i for i, c in specials.items()})
-    n = max(vocab.values()) + 1
+    return path, tj, vocab, specials, max(vocab.values()) + 1
+
+
+def add_tokenizer(writer, tokenizer_dir=None, add_bos: bool = True) -> None:
+    """Our byte-level BPE (tokenizer.json) as a gpt2-style vocabulary: tokens, types, merges, specials.
+
+    llama.cpp's `gpt-2` pre-tokeniser is the regex of HF's ByteLevel(use_regex=True). add_bos: llama.cpp
+    prepends <|bos|> when it tokenises a prompt (the models saw one at the start of every document).
+    """
+    import gguf
+    path, tj, vocab, specials, n = read_tokenizer(tokenizer_dir)
     tokens = [f"[PAD{i}]" for i in range(n)]
     types = [gguf.TokenType.UNUSED] * n
     for tok, i in vocab.items():
@@ -275,6 +281,8 @@ def write_gguf(model, path, *, name: str | None = None, ftype: str = "f32", toke
     ftype: "f32" or "f16" for the weights that are not int4-b32 packs (norms and the router stay F32).
     An existing file is refused unless force=True. The file is written beside `path` and renamed onto it
     when complete: an error or an interrupt leaves no partial file under `path` (and the old one intact).
+    The tokenizer written is the one in `tokenizer_dir` (default: this repository's); a model whose embedding rows
+    differ from its token count is refused before anything is written (llama.cpp would refuse the file).
     """
     import gguf
     from .files import check_out_path
@@ -283,6 +291,12 @@ def write_gguf(model, path, *, name: str | None = None, ftype: str = "f32", toke
         raise ValueError(f"ftype must be one of {FLOAT_TYPES}, got {ftype!r}")
     path = check_out_path(path, flag="path", force=bool(force))
     gguf_arch = _check_mappable(model)
+    tok_path, _, _, _, n_tokens = read_tokenizer(tokenizer_dir)
+    rows = model.get_input_embeddings().weight.shape[0]
+    if rows != n_tokens:      # llama.cpp sizes the embedding by the token list and refuses the file at load
+        raise ValueError(f"model: its embedding has {rows} rows but the tokenizer written beside it ({tok_path}) has "
+                         f"{n_tokens} tokens; they must match (pass tokenizer_dir for the model's own byte-level BPE "
+                         "tokenizer, or convert a hub checkpoint with llama.cpp's convert_hf_to_gguf.py)")
     tensors = list(gguf_tensors(model, ftype))          # every check runs before the file is opened
     quantised = any(q == "Q4_0" for _, _, q in tensors)
     ft = (gguf.LlamaFileType.MOSTLY_Q4_0 if quantised else

@@ -117,6 +117,16 @@ def test_unmappable_architecture_and_routing_are_refused(tmp_path):
     assert not (tmp_path / "x.gguf").exists()
 
 
+@pytest.mark.parametrize("extra", [64, -1])
+def test_a_vocabulary_other_than_the_tokenizer_is_refused_before_writing(tmp_path, extra):
+    m = il.models.load_tiny("olmoe")
+    n = ex.read_tokenizer()[-1]
+    m.resize_token_embeddings(n + extra, mean_resizing=False)     # a checkpoint with its own vocabulary
+    with pytest.raises(ValueError, match=rf"embedding has {n + extra} rows but the tokenizer .* has {n} tokens"):
+        ex.write_gguf(m, tmp_path / "x.gguf")
+    assert list(tmp_path.iterdir()) == []
+
+
 # ----------------------------------------------------------------------------------------------------
 # Mixtral's q/k row permutation: HF rotate-half rope == llama.cpp's adjacent-pair rope on permuted rows
 
