@@ -7,10 +7,10 @@
 Shape legend: E = experts, N = out features, K = in features (K % 32 == 0 for a Q4_0 tensor),
 H = hidden size, I = expert intermediate size, V = vocabulary, L = layer index.
 
-No weight is quantised here. A quantised module's int4-b32 pack (`Int4Linear`, `Int4Experts`) is
-transcoded by `int4lab.q4_0.int4_b32_to_q4_0` (nibble order j|j+16, the fp16 scale bits copied), so
-llama.cpp decodes exactly the weights `dequant_int4_ref` decodes. Everything else (embeddings, norms,
-router, lm_head) is written as the model holds it, in F32 (exact for a bf16 or fp32 model) or F16.
+No weight is quantised here. A quantised module's int4-b32 pack (`Int4Linear`, `Int4Experts`) is transcoded by
+`int4lab.q4_0.int4_b32_to_q4_0` (nibble order j|j+16, the fp16 scale bits copied), so llama.cpp decodes exactly the
+weights `dequant_int4_ref` decodes. Everything else (embeddings, norms, router, lm_head) is written as the model holds
+it, in F32 (exact for a bf16 or fp32 model) or F16.
 
 How transformers 5 names map onto llama.cpp's (gguf-py `MODEL_TENSOR` names, per block L; each architecture's
 `int4lab.archs` record holds its mapping, llama.cpp architecture and routing flags):
@@ -24,12 +24,12 @@ How transformers 5 names map onto llama.cpp's (gguf-py `MODEL_TENSOR` names, per
     mlp.shared_expert.{gate,up,down}_proj   blk.L.ffn_{gate,up,down}_shexp   (Qwen2-MoE, [S, H] / [H, S])
     mlp.shared_expert_gate     blk.L.ffn_gate_inp_shexp [1, H]     self_attn.{q,k,v}_proj.bias  blk.L.attn_{q,k,v}.bias
 
-Mixtral goes to llama.cpp's `llama` architecture, which applies rotary embeddings to adjacent pairs (its
-"normal" rope) where transformers rotates halves; llama.cpp's converter therefore permutes the rows of q
-and k (`LlamaModel.permute`), and so do we. Permuting rows moves whole Q4_0 rows, so it stays lossless.
-OLMoE (`olmoe`), Qwen3-MoE (`qwen3moe`) and Qwen2-MoE (`qwen2moe`) use llama.cpp's NEOX rope, the transformers
-layout: no permute. llama.cpp fixes each architecture's top-k renormalisation (llama and qwen3moe: yes, olmoe
-and qwen2moe: no); a config that says otherwise is refused rather than silently run with other routing.
+Mixtral goes to llama.cpp's `llama` architecture, which applies rotary embeddings to adjacent pairs (its "normal"
+rope) where transformers rotates halves; llama.cpp's converter therefore permutes the rows of q and k
+(`LlamaModel.permute`), and so do we. Permuting rows moves whole Q4_0 rows, so it stays lossless. OLMoE (`olmoe`),
+Qwen3-MoE (`qwen3moe`) and Qwen2-MoE (`qwen2moe`) use llama.cpp's NEOX rope, the transformers layout: no permute.
+llama.cpp fixes each architecture's top-k renormalisation (llama and qwen3moe: yes, olmoe and qwen2moe: no); a config
+that says otherwise is refused rather than silently run with other routing.
 """
 from __future__ import annotations
 
@@ -50,15 +50,12 @@ from .quantize.layout import attention, experts_of, module_at, moe_block, shared
 FLOAT_TYPES = ("f32", "f16")
 
 
-# ----------------------------------------------------------------------------------------------------
-# The one place that knows where a quantised module keeps its pack (adapt here if the modules change).
+# ---- The one place that knows where a quantised module keeps its pack (adapt here if the modules change).
 
 def module_packs(mod) -> dict | None:
     """{part: (packed uint8 [..., N, K/2], scales fp16 [..., N, K/32])} of a quantised module, None otherwise.
-
-    Int4Linear -> {"weight": ...}; Int4Experts -> {"gate": ..., "up": ..., "down": ...}, gate/up being
-    the two row halves of gate_up (rows 0..I-1 gate, I..2I-1 up), each [E, I, ...].
-    """
+    Int4Linear -> {"weight": ...}; Int4Experts -> {"gate": ..., "up": ..., "down": ...}, gate/up being the two row
+    halves of gate_up (rows 0..I-1 gate, I..2I-1 up), each [E, I, ...]."""
     if isinstance(mod, Int4Linear):
         return {"weight": (mod.packed, mod.scales)}
     if isinstance(mod, Int4Experts):
@@ -69,8 +66,7 @@ def module_packs(mod) -> dict | None:
     return None
 
 
-# ----------------------------------------------------------------------------------------------------
-# Tensors
+# ---- Tensors -----------------------------------------------------------------------------------------------
 
 def q4_0_tensor(name: str, packed: torch.Tensor, scales: torch.Tensor) -> np.ndarray:
     """uint8 [..., N, K/32 * 18] Q4_0 bytes of one int4-b32 pack; ValueError naming `name` when K is not a
@@ -121,10 +117,8 @@ def _block_linears(model, L: int, layer) -> tuple[list, list]:
 
 
 def gguf_tensors(model, ftype: str = "f32"):
-    """Yield (gguf name, numpy array, "Q4_0" | None) for every tensor llama.cpp loads for this model.
-
-    A quantised module yields Q4_0 bytes (uint8 [..., N, K/32 * 18]); any other weight yields float data.
-    """
+    """Yield (gguf name, numpy array, "Q4_0" | None) for every tensor llama.cpp loads for this model: a quantised
+    module yields Q4_0 bytes (uint8 [..., N, K/32 * 18]); any other weight yields float data."""
     a = arch_of(model)
     lay, names = a.layout, a.gguf.names
 
@@ -183,8 +177,7 @@ def gguf_tensors(model, ftype: str = "f32"):
     yield from linear(names["lm_head"], model.lm_head)
 
 
-# ----------------------------------------------------------------------------------------------------
-# Metadata
+# ---- Metadata ----------------------------------------------------------------------------------------------
 
 def _check_mappable(model) -> str:
     """llama.cpp architecture name for `model`, or ValueError saying what cannot be mapped."""
@@ -245,11 +238,9 @@ def read_tokenizer(tokenizer_dir=None):
 
 
 def add_tokenizer(writer, tokenizer_dir=None, add_bos: bool = True) -> None:
-    """Our byte-level BPE (tokenizer.json) as a gpt2-style vocabulary: tokens, types, merges, specials.
-
-    llama.cpp's `gpt-2` pre-tokeniser is the regex of HF's ByteLevel(use_regex=True). add_bos: llama.cpp
-    prepends <|bos|> when it tokenises a prompt (the models saw one at the start of every document).
-    """
+    """Our byte-level BPE (tokenizer.json) as a gpt2-style vocabulary: tokens, types, merges, specials. llama.cpp's
+    `gpt-2` pre-tokeniser is the regex of HF's ByteLevel(use_regex=True). add_bos: llama.cpp prepends <|bos|> when it
+    tokenises a prompt (the models saw one at the start of every document)."""
     import gguf
     path, tj, vocab, specials, n = read_tokenizer(tokenizer_dir)
     tokens = [f"[PAD{i}]" for i in range(n)]
@@ -271,18 +262,17 @@ def add_tokenizer(writer, tokenizer_dir=None, add_bos: bool = True) -> None:
     writer.add_add_eos_token(False)
 
 
-# ----------------------------------------------------------------------------------------------------
-# Writing and reading back
+# ---- Writing and reading back ------------------------------------------------------------------------------
 
 def write_gguf(model, path, *, name: str | None = None, ftype: str = "f32", tokenizer_dir=None,
                force: bool = False) -> Path:
     """Write `model` (quantised by `quantize_model`, or not) to `path` as GGUF; returns the path.
 
-    ftype: "f32" or "f16" for the weights that are not int4-b32 packs (norms and the router stay F32).
-    An existing file is refused unless force=True. The file is written beside `path` and renamed onto it
-    when complete: an error or an interrupt leaves no partial file under `path` (and the old one intact).
-    The tokenizer written is the one in `tokenizer_dir` (default: this repository's); a model whose embedding rows
-    differ from its token count is refused before anything is written (llama.cpp would refuse the file).
+    ftype: "f32" or "f16" for the weights that are not int4-b32 packs (norms and the router stay F32). An existing
+    file is refused unless force=True. The file is written beside `path` and renamed onto it when complete: an error
+    or an interrupt leaves no partial file under `path` (and the old one intact). The tokenizer written is the one in
+    `tokenizer_dir` (default: this repository's); a model whose embedding rows differ from its token count is refused
+    before anything is written (llama.cpp would refuse the file).
     """
     import gguf
     from .files import check_out_path
@@ -349,8 +339,7 @@ def read_q4_0_decoded(path) -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------------------------------
-# Command line
+# ---- Command line ------------------------------------------------------------------------------------------
 
 def build_model(model: str, scheme: str | None, targets: str = "experts", *, calib_tokens: int = 16384,
                 calib_len: int = 256, progress: bool = False):
