@@ -288,35 +288,65 @@ FLOOR_BOUND = {"olmoe": 2.5, "qwen3_moe": 2.5, "mixtral": 1.5}
 EARLIER = ("dee2c3bef2cba4c4f4e895a8238624c18ab34085", "4cf86c2b4c05427be115a8791b37dec0039edea1")
 
 
-def earlier_compiled_bf16(rec: dict, path: Path, b: int = 1, c: int = 256) -> list[dict]:
-    """Compiled bf16 at (b, c) in the EARLIER versions of the receipt at `path` that git history holds, per model,
-    beside this receipt's best int4 tokens/s over it (a ratio across two runs) and, where that version measured
-    int4_fused2, its own same-run ratio; `same_setup` says whether card, torch and transformers match this
-    receipt's. [] where the checkout has no history."""
+def _setup(r: dict) -> tuple:
+    return r["provenance"]["device"], r["provenance"]["torch"], r.get("transformers")
+
+
+def _earlier(path: Path, commits=EARLIER):
+    """(commit, receipt) for each of `commits` whose tree holds the receipt at `path`; none without git history."""
     from lab.paths import ROOT
     from lab.provenance.git import commit_reader
-    key, out = f"B{b} C{c}", []
-    setup = lambda r: (r["provenance"]["device"], r["provenance"]["torch"], r.get("transformers"))   # noqa: E731
-    for commit in EARLIER:
+    for commit in commits:
         try:
             raw = commit_reader(ROOT, commit)(str(path.resolve().relative_to(ROOT)))
         except (OSError, ValueError, subprocess.SubprocessError):     # no git, or the commit is not here
             continue
-        if raw is None:
-            continue
-        old = json.loads(raw)
+        if raw is not None:
+            yield commit, json.loads(raw)
+
+
+def earlier_compiled_bf16(rec: dict, path: Path, b: int = 1, c: int = 256) -> list[dict]:
+    """Compiled bf16 at (b, c) in the EARLIER versions of the receipt at `path` that git history holds, per model,
+    with the experts implementation that was compiled (`impl`; this receipt's is `impl_here`), beside this receipt's
+    best int4 tokens/s over it (a ratio across two runs) and, where that version measured int4_fused2, its own
+    same-run ratio; `same_setup` says whether card, torch and transformers match this receipt's. [] where the
+    checkout has no history."""
+    key, out = f"B{b} C{c}", []
+    impl = lambda a: next((r["impl"] for r in a["rows"] if (r["state"], r["run"], r["batch"], r["context"]) ==  # noqa: E731
+                           ("bf16", "compiled", b, c)), None)
+    for commit, old in _earlier(path):
         for arch in [m for m in ORDER if m in rec["archs"] and m in old["archs"]]:
             s = old["archs"][arch]["summary"].get(key, {})
             if "bf16_compiled_tokens_per_s" not in s:
                 continue
             bi = best_int4(rec["archs"][arch], b, c)
             out.append({"commit": commit[:7], "date": old["provenance"]["date"][:10], "arch": arch,
-                        "same_setup": setup(old) == setup(rec), "bf16_compiled_tokens_per_s":
+                        "same_setup": _setup(old) == _setup(rec), "impl": impl(old["archs"][arch]),
+                        "impl_here": impl(rec["archs"][arch]), "bf16_compiled_tokens_per_s":
                         s["bf16_compiled_tokens_per_s"], "gain": s["bf16_compiled_tokens_per_s"] /
                         s["bf16_graphed_tokens_per_s"], "this_over_it": bi["tokens_per_s"] /
                         s["bf16_compiled_tokens_per_s"], "its_own": max(
                             s.get(f"int4_fused2_{run}_tokens_per_s", 0) for run in ("graphed", "compiled"))
                         / s["bf16_compiled_tokens_per_s"] or None})
+    return out
+
+
+def run_to_run(rec: dict, path: Path) -> dict:
+    """How far this receipt moved from the version it replaced (EARLIER[-1], same card, torch and transformers):
+    per kind ("graphed", "compiled" per-layer times, "floor" read floors), (largest |relative change|, count) over
+    the rows both hold with the same model, state, experts implementation, batch and context. {} without it."""
+    out = {}
+    for _, old in [(c, o) for c, o in _earlier(path, EARLIER[-1:]) if _setup(o) == _setup(rec)]:
+        for arch in [m for m in rec["archs"] if m in old["archs"]]:
+            a, o = rec["archs"][arch], old["archs"][arch]
+            pairs = [("floor", f["us"], o["floors"][k]["us"]) for k, f in a["floors"].items()
+                     if f.get("us") and o["floors"].get(k, {}).get("us")] + [
+                (r["run"], r["per_layer_us"], q["per_layer_us"]) for r in a["rows"]
+                if "per_layer_us" in r and r["run"] != "eager"
+                for q in [_row(o, r["state"], r["impl"], r["run"], r["batch"], r["context"])] if q]
+            for kind, v, w in pairs:
+                m, n = out.get(kind, (0.0, 0))
+                out[kind] = (max(m, abs(v / w - 1)), n + 1)
     return out
 
 

@@ -190,3 +190,4 @@ def test_tokens_target_is_undecided_without_compiled_bf16():
     t = {x["target"]: x for x in ch.targets(rec(True))}
     assert t[best]["met"] is False and t[best]["undecided"] is None and graphed not in t
     assert ch.earlier_compiled_bf16(rec(True), ch.RECEIPTS / "decode_step_none.json") == []   # in no version
+    assert ch.run_to_run(rec(True), ch.RECEIPTS / "decode_step_none.json") == {}
