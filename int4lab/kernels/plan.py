@@ -2,8 +2,10 @@
 
 Shape legend: E = experts, N = out features, K = in features, R = activation rows.
 
-Nothing is autotuned at import or at call time: a plan is a pure function of (generation, N, K, R) and
-of the plan a caller passes, so a call is reproducible and legal under CUDA-graph capture. The table rows
+Nothing is autotuned at import or at call time: a plan is a pure function of (generation, the device's SM
+count, N, K, R) and of the plan a caller passes, so a call is reproducible and legal under CUDA-graph capture. The
+SM count enters only through the split-K waves rule below, so two parts of one generation with different SM counts
+can get different splits. The table rows
 are the configurations the H200 sweeps picked (notes/kernels.md, "Launch-plan rows": the sweeps' receipts are not in
 the tree; the decode receipt times every row's shape);
 other generations keep the H200 row until someone measures them. A sweep tries other rows by passing a

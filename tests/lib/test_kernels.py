@@ -678,6 +678,17 @@ def test_plan_split_rule():
         gemv_plan(64, 512, 1, "cpu", split_k=17)
     with pytest.raises(ValueError, match="block_k a power of two"):
         gemv_plan(64, 512, 1, "cpu", block_k=384)
+
+
+def test_plan_depends_on_sm_count(monkeypatch):
+    """notes/kernels.md, "Launch-plan rows": the SM count enters a plan through the split-K waves rule, so two sm_90
+    parts can split 4096x14336 at one row differently (4 on 132 SMs, 2 on 114)."""
+    monkeypatch.setattr(plan_mod, "generation", lambda _: "sm90")
+    splits = {}
+    for sms in (132, 114):
+        monkeypatch.setattr(plan_mod, "num_sms", lambda _, sms=sms: sms)
+        splits[sms] = gemv_plan(4096, 14336, 1, "cpu").split_k
+    assert splits == {132: 4, 114: 2}
     with pytest.raises(TypeError, match="plan must be a GemvPlan"):
         resolve({"block_n": 16}, 64, 512, 1, "cpu")
     assert resolve(DP4A_PLAN, 64, 512, 1, "cpu", split_k=3).split_k == 3
