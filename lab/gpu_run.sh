@@ -5,9 +5,9 @@
 # Give the commit literally: a copy of the tree on another machine may carry no .git of its own, and a receipt
 # must name the clean commit it measured (tests/repo/test_receipts.py refuses a dirty or unknown one).
 # Stages (comma list in STAGES; each is sized to run in under 10 minutes; `checks,bench` together do not):
-#   checks   the CUDA tests of everything that runs on the GPU, 100 graph replays bit-identical with the split-K
-#            counters back at zero (lab.tune.replay_check), and compute-sanitizer's memcheck, racecheck,
-#            synccheck and initcheck on the same cases at small shapes
+#   checks   a fixed list of CUDA test files (TESTS overrides it; not every test that can use the GPU), 100 graph
+#            replays bit-identical with the split-K counters back at zero (lab.tune.replay_check's cases), and
+#            compute-sanitizer's memcheck, racecheck, synccheck and initcheck on the same cases at small shapes
 #   bench    every decode shape and MoE layer beside its peers and the read floor (lab.bench)
 #   step     the whole-model decode step, int4 (three forms) and bf16, eager, graphed, compiled (lab.decode_step)
 #   qwen2moe the same decode step on Qwen2-MoE (Qwen1.5-MoE-A2.7B's published widths: a shared expert beside

@@ -6,11 +6,11 @@ The codes must be bit-identical to `int4lab.format.quant_x_rows_ref` (on the CPU
     s   = amax(|x_block|) / 127 + 1e-12      (float32, IEEE division: once per block)
     inv = 1 / s                              (float32, IEEE division: once per block)
     q   = clamp(rint(x * inv), -127, 127)    (one float32 product per value, rounded half to even)
-Why this form: a GEMV that quantises its own slice of x (one launch per GEMV) does it once per program,
-so the per-value work must be a multiply, not an IEEE division (a long instruction sequence on NVIDIA
-GPUs, where Triton's `/` is approximate and `tl.math.div_rn` is the exact one). `rint` is `cvt.rni` on
-the GPU and an exact magic-number round in the interpreter; nothing is left for the compiler to fuse
-into an FMA, so the bits match the CPU reference. (Until the one-launch GEMV, q was floor(x / s + 0.5).)
+Why this form: a GEMV that quantises its own slice of x (one launch per GEMV) does it once per program, so the
+per-value work is a multiply, not an IEEE division (a long instruction sequence on NVIDIA GPUs, where Triton's `/`
+is approximate and `tl.math.div_rn` is the exact one; the division form was not timed). `rint` is `cvt.rni` on the
+GPU and an exact magic-number round in the interpreter; nothing is left for the compiler to fuse into an FMA, so
+the bits match the CPU reference. (Until the one-launch GEMV, q was floor(x / s + 0.5).)
 
 The jit helpers here are shared by the quantise launches below and the GEMV prologues (gemv_dp4a.py).
 

@@ -91,9 +91,10 @@ def synthetic_map(shared_levels, skews, seeds, N: int, K: int, R: int, paired: b
 
 
 def gnf4_page_example(seed: int, N: int = 64, K: int = 256, R: int = 1024) -> dict:
-    """The calibration example of the int4-decode-gemv solution page of grouped-nf4-gemm, as written there:
-    w = randn(N, K) · 0.1, x = randn(R, K) · logspace(-1, 1, K) (independent, skewed input channels), GPTQ on
-    H of x; its error read on x (in sample, as the page does) and on a second, fresh x of the same law (held out).
+    """The recipe of the calibration example of the int4-decode-gemv solution page of grouped-nf4-gemm (its
+    shapes, w = randn(N, K) · 0.1 and x = randn(R, K) · logspace(-1, 1, K): independent, skewed input channels),
+    packed with this repository's packers (pack_int4_b32, gptq_pack_int4_b32 on H of x), not the page's own;
+    its error read on x (in sample, as the page does) and on a second, fresh x of the same law (held out).
     Returns {"rtn_in", "gptq_in", "rtn_out", "gptq_out"}: mean((x (ŵ - w)ᵀ)²)."""
     torch.manual_seed(seed)
     w = torch.randn(N, K) * 0.1

@@ -4,16 +4,17 @@ GEMV's determinism claim, checked on a GPU (and small enough to run under comput
     python -m lab.tune.replay_check --out replay_check.json [--replays 100] [--small]
     compute-sanitizer --tool memcheck python -m lab.tune.replay_check --small --replays 3 --out m.json
 
-Cases: a dense W4A8 GEMV per shape (table plan, and a forced split-K plan so the last-arriving finish
-runs), and a MoE step per model at 1 token (the routed path: gate_up + down with the fused combine) and at
-8 tokens (the grouped path: routing tiles, grouped gate_up and down); per model at 1 and 8 tokens the fused
-decode pieces: the one-launch router (its last-arriving top-k) and RMSNorm (hidden size and head dim), and the
-modules' entry (kernels.ops.moe). Each case is captured once and replayed `replays` times, alternating two
-input sets copied into the captured inputs, on a poisoned output and NaN-poisoned split-K partials; every
-replay must equal the eager output of its own input set bit for bit (`replays_match`). A partial read before
-this replay's store landed would see the other set's value or NaN, and differ. What no replay can show: a
-race whose losing order never occurred in these replays, or an out-of-date read of a value that happens to equal
-the fresh one.
+Cases: a dense W4A8 GEMV per shape (table plan, and a forced split-K plan so the last-arriving finish runs), and a
+MoE step per model at 1 token (the routed path: gate_up + down with the fused combine) and at 8 tokens (the path
+moe_decode_step picks: at full width grouped for Mixtral only, since OLMoE's and Qwen3's 64 routed rows fall on up
+to 64 experts, one mean row each; at --small every model's 8-token step is grouped); per model at 1 and 8 tokens
+the fused decode pieces: the one-launch router (its last-arriving top-k) and RMSNorm (hidden size and head dim),
+and the modules' entry (kernels.ops.moe). No W4A16 case (int4_linear(act="bf16")). Each case is captured once and
+replayed `replays` times, alternating two input sets copied into the captured inputs, on a poisoned output and
+NaN-poisoned split-K partials; every replay must equal the eager output of its own input set bit for bit
+(`replays_match`). A partial read before this replay's store landed would see the other set's value or NaN, and
+differ. What no replay can show: a race whose losing order never occurred in these replays, or an out-of-date read
+of a value that happens to equal the fresh one.
 """
 from __future__ import annotations
 
@@ -121,7 +122,7 @@ def run(replays: int = 100, small: bool = False) -> dict:
         A = min(A, E)
         gu = pack_int4_b32(torch.randn(E, 2 * I, H, device=dev))
         dn = pack_int4_b32(torch.randn(E, H, I, device=dev))
-        for T in (1, 8):                  # one token: the routed path; 8: the grouped one (moe_decode_step)
+        for T in (1, 8):                  # one token: the routed path; 8: whichever moe_decode_step picks (doc)
             x = torch.empty(T, H, device=dev, dtype=torch.bfloat16)
             tw = torch.empty(T, A, device=dev)
             ids = torch.stack([torch.randperm(E, device=dev)[:A] for _ in range(T)]).int()
