@@ -10,6 +10,9 @@ What is checked where in the launchers:
     device instead: a row whose id is outside [0, E) reads no expert memory and comes out as NaN. The
     quantised modules' hot path (kernels/ops.py) skips it too (`ids_unread`): a sync per MoE call would
     stall eager decoding, and the guard gives the same NaN rows.
+  * activations small enough for float32 sums: in `int4_linear` only (`kernels/gemv.check_x_range`), eagerly,
+    by reading back a reduction of x and one of the scales (two device syncs on CUDA); skipped under capture and
+    inside `ids_unread()`, and the dense hot path (kernels/ops.py) does not call it.
 """
 from __future__ import annotations
 
