@@ -210,9 +210,11 @@ def calibration_ablation(model, calib_ids: torch.Tensor, eval_ids: torch.Tensor,
     through `h_objective` on its Hessians. Experts with fewer than min_rows calibration rows (default: K of
     their widest input, as `quantize_model`) fall back to round-to-nearest (ratio 1). One row per
     (size, damp): {"tokens", "damp", "weights", "fallback", "min_rows_seen", "median gptq/rtn",
-    "gptq beats rtn"} over the expert weights of `layers`: "median gptq/rtn" is the median over those
-    projections (each expert's gate_up and down) of each one's held-out output-MSE ratio, fallbacks counted
-    as 1, not the ratio of the layers' summed error.
+    "gate_up median", "down median", "gptq beats rtn"} over the expert weights of `layers`: "median
+    gptq/rtn" is the median over those projections (each expert's gate_up and down) of each one's held-out
+    output-MSE ratio, fallbacks counted as 1, not the ratio of the layers' summed error; the two kind
+    medians take one projection kind each. Medians of an even count are the mean of the two middle values
+    (torch's `median` would return the lower one, and the ratios cluster by kind).
     """
     evals = collect_hessians(model, [eval_ids], layers)
     T = calib_ids.shape[1]
@@ -220,7 +222,7 @@ def calibration_ablation(model, calib_ids: torch.Tensor, eval_ids: torch.Tensor,
     for size in sizes:
         cal = collect_hessians(model, [calib_ids[:max(size // T, 1)]], layers)
         for damp in damps:
-            ratios, fallback, seen = [], 0, []
+            ratios, kinds, fallback, seen = [], [], 0, []
             for name, b in evals.items():
                 if ".experts." not in name:
                     continue
@@ -231,6 +233,7 @@ def calibration_ablation(model, calib_ids: torch.Tensor, eval_ids: torch.Tensor,
                 gu = model_weight(model, f"layers.{layer}.experts.{e}.gate_up")
                 need = min_rows or max(gu.shape[1], model_weight(model, f"layers.{layer}.experts.{e}.down").shape[1])
                 seen.append(n)
+                kinds.append(name.rsplit(".", 1)[1])
                 rtn = h_objective(w, dequant_int4_ref(*pack_int4_b32(w), *w.shape), b.H)
                 if n < need:
                     fallback += 1
@@ -239,7 +242,10 @@ def calibration_ablation(model, calib_ids: torch.Tensor, eval_ids: torch.Tensor,
                 g = dequant_int4_ref(*gptq_pack_int4_b32(w, cal[name].H, damp=damp), *w.shape)
                 ratios.append(h_objective(w, g, b.H) / rtn)
             r = torch.tensor(ratios, dtype=torch.float64)
+            by_kind = {k: float(r[[i for i, x in enumerate(kinds) if x == k]].quantile(0.5))
+                       for k in ("gate_up", "down")}
             out.append({"tokens": min(size, calib_ids.numel()), "damp": damp, "weights": len(ratios),
-                        "fallback": fallback // 2, "min_rows_seen": min(seen), "median gptq/rtn": float(r.median()),
-                        "gptq beats rtn": float((r < 1).double().mean())})
+                        "fallback": fallback // 2, "min_rows_seen": min(seen),
+                        "median gptq/rtn": float(r.quantile(0.5)), "gate_up median": by_kind["gate_up"],
+                        "down median": by_kind["down"], "gptq beats rtn": float((r < 1).double().mean())})
     return out
