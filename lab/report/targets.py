@@ -297,8 +297,10 @@ def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
         f"**Targets: {n_pass} of {len(checks)} met, {n_open} undecided, {n_none} not measured**"
         + (f" (undecided: met or missed by less than {100 * spread:.1f} %, the 90th percentile of how far the same "
            "torch kernels' medians moved between two bench runs, `report.run_to_run`)" if spread else
-           " (one bench run: without an earlier full run on this card, `decode_<card>_<commit>.json`, the run-to-run "
-           "spread is unmeasured and no target is marked undecided)")
+           " (this bench run alone: no earlier full run of the same code on this card is committed as "
+           "`decode_<card>_<commit>.json`, so no target is marked undecided here; chapter 05, section 7 reads an "
+           "earlier bench of the same device code from git history and says which verdicts its spread would leave "
+           "undecided)")
         + (f". {n_settled} targets within that spread were re-measured in paired rounds "
            "(`python -m lab.bench.decide`, `data/receipts/decide_h200_*.json`, one file per run, the same kernel "
            "sources): each such row gives the ratio's median and the hull of every process's and run's 95 % "
