@@ -214,8 +214,8 @@ def decode_step_table(receipts=RECEIPTS) -> str:
     layer's time against its read floor: int4 as quantised, int4_fused and int4_fused2 (`fuse_decode`) graphed,
     int4_fused2 compiled, beside bf16's floor and the best bf16 (the fastest experts implementation graphed, or
     compiled where the receipt compiled bf16: only the implementation fastest graphed is compiled), tokens/s at the
-    published depth against that bf16, and eager int4_fused2 against eager bf16 (the
-    range its samples allow, or undecided). From the receipt's `summary` and rows; "–" where it measured nothing."""
+    published depth against that bf16, and eager int4_fused2 against the fastest eager bf16 (named; the range its
+    samples allow, or undecided). From the receipt's `summary` and rows; "–" where it measured nothing."""
     found = _receipts("decode_step_*.json", receipts)
     if not found:
         return _not_yet("decode_step_<card>.json", "lab.decode_step", "step")
@@ -225,8 +225,9 @@ def decode_step_table(receipts=RECEIPTS) -> str:
             refuse_partial(r, path)
             lines = ["| model | batch, context | int4 read floor / layer | int4 graphed | int4_fused graphed | "
                      "int4_fused2 graphed | int4_fused2 compiled | bf16 read floor | best bf16 measured | "
-                     "tokens/s int4_fused2 / best bf16 | eager int4_fused2 / eager bf16 |",
+                     "tokens/s int4_fused2 / best bf16 | eager int4_fused2 / fastest eager bf16 |",
                      "|---|---|---|---|---|---|---|---|---|---|---|"]
+            slow = []           # rows whose fastest eager bf16 is not transformers' default experts impl
             for arch, a in r.get("archs", {}).items():
                 for case, v in a.get("summary", {}).items():
                     fl = v.get("int4_floor_us")
@@ -240,13 +241,19 @@ def decode_step_table(receipts=RECEIPTS) -> str:
                         _f(v.get("bf16_floor_us"), 1) + " µs",
                         f"{bb['per_layer_us']:.1f} µs ({bb.get('impl')}, {bb.get('run')})" if bb else "–",
                         _f(v.get("int4_fused2_over_best_bf16_tokens_per_s"), 2) + "×",
-                        eager_text(eager_ratio(a, "int4_fused2", b, c))]))
+                        eager_text(e := eager_ratio(a, "int4_fused2", b, c, fastest=True))
+                        + (f" ({e['impl']})" if e["impl"] else "")]))
+                    dflt = a.get("default_experts_impl")
+                    slow += [dflt] if dflt and e["impl"] and e["impl"] != dflt else []
             errs = {arch: sorted(a.get("errors") or {}) for arch, a in r.get("archs", {}).items() if a.get("errors")}
             out.append("\n".join(lines) + "\n\n" + (
                 f"Parts that failed (their errors are in the receipt): {errs}. " if errs else "") +
                 "Eager column: per layer = step(2 layers) − step(1 layer) from the run's eager samples, with the range "
                 "they allow (min step(2) − max step(1) to max step(2) − min step(1)); undecided where that range "
-                "reaches zero. " + compiled_bf16_text(r) + " A batch of 16 is 16 identical sequences "
+                "reaches zero; its bf16 is the experts implementation fastest eager in that row (named)" + (
+                    f"; transformers' default ({'/'.join(sorted(set(slow)))}) is slower eager in {len(slow)} of the "
+                    f"{len(lines) - 2} rows, and against it those ratios are lower (chapter 07 prints both)" if slow
+                    else "") + ". " + compiled_bf16_text(r) + " A batch of 16 is 16 identical sequences "
                 "(every row starts from the same token over the "
                 "same cache): it reads batch 1's experts, so its rows are not batched decoding of distinct sequences. "
                 f"`{path.name}`: {_prov(r)}.")
