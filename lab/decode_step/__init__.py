@@ -1,4 +1,4 @@
-"""The whole-model decode step: int4 against transformers' bf16 (eager, graphed, compiled), per layer, against the read floor.
+"""The whole-model decode step: int4 against transformers' bf16 (eager, graphed, compiled) and the read floor.
 
     python -m lab.decode_step --out data/receipts/decode_step_h100.json --budget-s 420      # a GPU
     python -m lab.decode_step --width tiny --contexts 64 --batches 1 2 --out /tmp/d.json   # a CPU (no graphs)
