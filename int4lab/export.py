@@ -285,8 +285,8 @@ def write_gguf(model, path, *, name: str | None = None, ftype: str = "f32", toke
     rows = model.get_input_embeddings().weight.shape[0]
     if rows != n_tokens:      # llama.cpp sizes the embedding by the token list and refuses the file at load
         raise ValueError(f"model: its embedding has {rows} rows but the tokenizer written beside it ({tok_path}) has "
-                         f"{n_tokens} tokens; they must match (pass tokenizer_dir for the model's own byte-level BPE "
-                         "tokenizer, or convert a hub checkpoint with llama.cpp's convert_hf_to_gguf.py)")
+                         f"{n_tokens} tokens; llama.cpp sizes the embedding by the token list, so they must match "
+                         "(convert a hub checkpoint with llama.cpp's convert_hf_to_gguf.py)")
     tensors = list(gguf_tensors(model, ftype))          # every check runs before the file is opened
     quantised = any(q == "Q4_0" for _, _, q in tensors)
     ft = (gguf.LlamaFileType.MOSTLY_Q4_0 if quantised else
