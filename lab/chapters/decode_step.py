@@ -113,7 +113,8 @@ def our_kernels(arch_rec: dict, state: str) -> dict | None:
 
 def plot_bars(rec: dict, axes) -> None:
     """Per model: a bar per (state, run), stacked by breakdown category where the receipt has one (graphed
-    steps), one block otherwise; the floor of each state's bytes as a dashed line."""
+    steps), one block otherwise; the floor of each state's bytes as a dashed line. One legend for all panels goes
+    below them (inside an axis it covered the tall bars' values): save with bbox_inches="tight"."""
     import matplotlib.pyplot as plt
     colours = dict(zip(SEGMENTS + ("step",), plt.cm.tab10.colors))
     archs = [a for a in ORDER if a in rec["archs"] and rec["archs"][a].get("rows")]
@@ -168,7 +169,8 @@ def plot_bars(rec: dict, axes) -> None:
         ax.set_xticks([i for i, _ in labels], [t for _, t in labels], fontsize=7)
         ax.set_title(f"{ARCH_LABEL[arch]}  (batch {b}, context {c})", fontsize=9)
         ax.set_ylabel("µs per layer")
-        ax.legend(fontsize=6)
+    hs = {lbl: h for ax in axes[::-1] for h, lbl in zip(*ax.get_legend_handles_labels())}  # one legend, below
+    axes[0].figure.legend(hs.values(), hs.keys(), loc="upper center", bbox_to_anchor=(0.5, 0), ncol=6, fontsize=7)
 
 
 def case_table(arch_rec: dict) -> list[dict]:
