@@ -171,14 +171,15 @@ def weight_kind(name: str) -> str:
 
 def summarise(table: list[dict], methods=tuple(PACKERS)) -> list[dict]:
     """Per weight kind: how many weights, the median output-MSE ratio to RTN of each method, and the
-    fraction of weights where each method beats RTN."""
+    fraction of weights where each method beats RTN. Medians of an even count are the mean of the two middle
+    values (torch's `median` would return the lower one)."""
     out = []
     for kind in sorted({weight_kind(r["name"]) for r in table}):
         rows = [r for r in table if weight_kind(r["name"]) == kind]
         s = {"kind": kind, "weights": len(rows)}
         for m in methods:
             ratios = torch.tensor([r[f"{m}/rtn"] for r in rows], dtype=torch.float64)
-            s[f"{m}/rtn median"] = float(ratios.median())
+            s[f"{m}/rtn median"] = float(ratios.quantile(0.5))
             s[f"{m} beats rtn"] = float((ratios < 1).double().mean())
         out.append(s)
     return out
