@@ -15,7 +15,7 @@ held_out}}; arms[name] {kind, texts[t] / dev[t] / held_out[t] {rel, kl, top1: {v
 verdict {verdict, below_source, tokens_needed}, vs_twin[t] {value, lo, hi}}; lottery[base] {tickets, texts[t]
 {cis, values, band {lo, hi, q, level, lo_ci, hi_ci}}}; calibration[scheme] {draws, twin, gains [{t: {value, lo,
 hi}}], judgement {verdict, reasons, rule, alpha, tickets, texts[t] {p_helps, p_hurts, p_hurts_holm, rank_p_helps,
-helps, hurts}}}; choice {chosen, score, rule, held_out, verdict}.
+rank_p_hurts, helps, hurts}}}; choice {chosen, score, rule, held_out, verdict}.
 """
 from __future__ import annotations
 
@@ -150,7 +150,8 @@ def draw_rows(receipts: dict, scheme: str = GPTQ) -> list[dict]:
     """One row per (model, draw, text): the draw against the source [CI] on held-out documents and its verdict;
     how many of its experts were packed round-to-nearest ("RTN fallback": the arm is that mix, not GPTQ alone);
     the draw against its round-to-nearest twin on all documents [CI] (negative = better than RTN); the twin's
-    rounding band; the calibration test's p-values (p_helps and p_hurts per (draw, text), unadjusted;
+    rounding band; the calibration test's p-values (p_helps and p_hurts per (draw, text), unadjusted, each with
+    its exact rank p-value rank_p_helps / rank_p_hurts = (1 + tickets at or beyond the draw) / (K + 1);
     p_hurts_holm Holm-adjusted over all draws x texts) and whether it counts the draw as helping (unadjusted
     p_helps <= alpha) or hurting (Holm-adjusted p_hurts <= alpha)."""
     rows = []
@@ -172,7 +173,8 @@ def draw_rows(receipts: dict, scheme: str = GPTQ) -> list[dict]:
                              "band lo": b["lo"] if b else None, "band hi": b["hi"] if b else None,
                              "band": f"{b['lo']:+.2%} .. {b['hi']:+.2%}" if b else "–",
                              **{k: jt[t][k][i] if t in jt else None
-                                for k in ("p_helps", "p_hurts", "p_hurts_holm", "rank_p_helps", "helps", "hurts")}})
+                                for k in ("p_helps", "p_hurts", "p_hurts_holm", "rank_p_helps", "rank_p_hurts",
+                                          "helps", "hurts")}})
     return rows
 
 
