@@ -456,7 +456,7 @@ def test_anchor_rows_absent_folder_is_empty(tmp_path, capsys):
 def test_recorded_anchors_are_read_from_the_repository():
     assert report.ANCHORS == RECEIPTS / "anchors" and report.ANCHORS.is_relative_to(ROOT)
     rows = report.anchor_rows()
-    assert report.llama_gemv_us(rows, 14336, 4096) == 15.39                # data/receipts/anchors/ggml_q4_0_*.txt
+    assert report.llama_gemv_us(rows, 14336, 4096) == 15.39                # data/receipts/anchors/ggml_q4_0_h200_2026-12-02.txt
     assert not hasattr(report, "RECEIPTS") or report.RECEIPTS is RECEIPTS
 
 
