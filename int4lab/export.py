@@ -2,7 +2,7 @@
 
     python -m int4lab.export --model mixtral --scheme rtn --targets experts --out mixtral-q4_0.gguf
     python -m int4lab.export --model olmoe --source --out olmoe-f32.gguf          # the unquantised reference
-    python -m int4lab.export --model /path/to/ckpt --scheme gptq --targets experts+attn --out ckpt.gguf
+    python -m int4lab.export --model /path/to/ckpt --scheme gptq --out ckpt.gguf   # with this repository's vocabulary
 
 Shape legend: E = experts, N = out features, K = in features (K % 32 == 0 for a Q4_0 tensor),
 H = hidden size, I = expert intermediate size, V = vocabulary, L = layer index.
