@@ -4,4 +4,5 @@
     calib.py            chapter 02: activation regimes, per-layer Hessians, output error through H
     gptq_study.py       chapter 02: effective rank, the correlation x skew map, in-sample vs held out
     accuracy.py         chapter 03: each kernel against a float64 reference
+    history.py          chapters 05 and 07: a receipt as an earlier commit holds it
 """

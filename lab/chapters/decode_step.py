@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -295,15 +294,10 @@ def _setup(r: dict) -> tuple:
 
 def earlier_versions(path: Path, commits=EARLIER):
     """(commit, receipt) for each of `commits` whose tree holds the receipt at `path`; none without git history."""
-    from lab.paths import ROOT
-    from lab.provenance.git import commit_reader
+    from .history import receipt_at
     for commit in commits:
-        try:
-            raw = commit_reader(ROOT, commit)(str(path.resolve().relative_to(ROOT)))
-        except (OSError, ValueError, subprocess.SubprocessError):     # no git, or the commit is not here
-            continue
-        if raw is not None:
-            yield commit, json.loads(raw)
+        if (old := receipt_at(path, commit)) is not None:
+            yield commit, old
 
 
 def earlier_compiled_bf16(rec: dict, path: Path, b: int = 1, c: int = 256) -> list[dict]:

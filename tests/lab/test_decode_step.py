@@ -199,3 +199,13 @@ def test_tokens_target_is_undecided_without_compiled_bf16():
     assert t[best]["met"] is False and t[best]["undecided"] is None and graphed not in t
     assert ch.earlier_compiled_bf16(rec(True), ch.RECEIPTS / "decode_step_none.json") == []   # in no version
     assert ch.run_to_run(rec(True), ch.RECEIPTS / "decode_step_none.json") == {}
+
+
+def test_receipt_at_reads_a_committed_version_or_gives_none():
+    from lab.chapters.history import receipt_at
+    from lab.paths import RECEIPTS
+    path = RECEIPTS / "decode_step_h100.json"
+    assert receipt_at(path, "0" * 40) is None                        # a commit this checkout does not hold
+    assert receipt_at(RECEIPTS / "decode_step_none.json", "HEAD") is None
+    head = receipt_at(path, "HEAD")
+    assert head is None or head["kind"] == json.loads(path.read_text())["kind"]   # None only without git
