@@ -70,14 +70,15 @@ class Run:
 
     def __init__(self, arch, args, save, log, deadline, prior: dict | None = None):
         """prior: this architecture's record from an earlier call on the same receipt (same width and depths):
-        its rows and parts are kept unless this call measures them again (a run split across calls)."""
+        its rows, parts, skipped parts and errors are kept unless this call attempts them again (a run split
+        across calls)."""
         self.arch, self.args, self.save, self.log, self.deadline = arch, args, save, log, deadline
         self.dev = "cuda" if _cuda() else "cpu"
         fresh = {"arch": arch, "width": args.width, "depths": list(args.layers), "full_layers": FULL_LAYERS[arch],
                  "config": config_fields(arch, max(args.layers), args.width), "rows": [], "bytes": {},
                  "floors": {}, "breakdown": [], "errors": {}, "skipped": []}
         keep = prior and prior.get("width") == args.width and prior.get("depths") == list(args.layers)
-        self.rec = {**fresh, **{k: v for k, v in prior.items() if k not in ("errors", "skipped")}} if keep else fresh
+        self.rec = {**fresh, **copy.deepcopy(prior)} if keep else fresh
         self.models: dict = {}
 
     # -------------------------------------------------------------------------------- plumbing
@@ -86,6 +87,9 @@ class Run:
 
     def part(self, key: str, fn, need_s: float = 0.0):
         """Run fn() unless the budget is spent; record its error and go on when it fails."""
+        if key in self.rec["skipped"]:                  # an earlier call's verdict on this part is replaced
+            self.rec["skipped"].remove(key)
+        self.rec["errors"].pop(key, None)
         if self.left() < need_s:
             self.rec["skipped"].append(key)
             self.log(f"{self.arch} {key}: skipped (budget: {self.left():.0f} s left)")

@@ -136,9 +136,15 @@ def test_default_receipt_goes_to_runs_and_keeps_other_archs(monkeypatch, tmp_pat
 def test_a_split_run_keeps_the_earlier_calls_rows():
     args = cli.parser().parse_args(["--width", "tiny"])
     prior = {"width": "tiny", "depths": [1, 2], "rows": [{"state": "bf16", "run": "graphed"}], "greedy": {"x": 1},
-             "errors": {"old": 1}}
+             "errors": {"old": 1, "retried": 2}, "skipped": ["compile bf16", "time int4 - compiled B1 C8"]}
     r = bench.Run("olmoe", args, lambda: None, print, 0.0, prior=prior)
-    assert r.rec["rows"] == prior["rows"] and r.rec["greedy"] == {"x": 1} and r.rec["errors"] == {}
+    assert r.rec["rows"] == prior["rows"] and r.rec["greedy"] == {"x": 1}
+    assert r.rec["errors"] == {"old": 1, "retried": 2} and r.rec["skipped"] == prior["skipped"]  # kept: the receipt
+    r.deadline = float("inf")                                                     # says what no call measured
+    r.part("retried", lambda: 1)
+    r.part("time int4 - compiled B1 C8", lambda: 1)
+    assert r.rec["errors"] == {"old": 1} and r.rec["skipped"] == ["compile bf16"]  # a part tried again: its own
+    assert prior["skipped"] == ["compile bf16", "time int4 - compiled B1 C8"]     # the prior is not mutated
     other = bench.Run("olmoe", cli.parser().parse_args(["--width", "tiny", "--layers", "1", "3"]), lambda: None,
                       print, 0.0, prior=prior)
     assert other.rec["rows"] == [] and "greedy" not in other.rec                  # other depths: a fresh record
