@@ -81,7 +81,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--calib-tokens", type=int, default=16384, help="calibration tokens per draw (train split)")
     ap.add_argument("--calib-text", default=None, metavar="SOURCE",
                     help="GPTQ calibration text, a source as --texts takes (default: the corpus train split)")
-    ap.add_argument("--calib-len", type=int, default=None, help="calibration sequence length (default: --window)")
+    ap.add_argument("--calib-len", type=int, default=None, help="calibration sequence length (default: the scoring window, at most --calib-tokens)")
     ap.add_argument("--min-rows", type=int, default=None,
                     help="an expert routed fewer calibration rows is packed round-to-nearest (default: K)")
     ap.add_argument("--damp", type=float, default=0.01, help="GPTQ dampening, fraction of mean diag(H)")
@@ -153,7 +153,7 @@ def main(argv=None, stamp=None, prog: str = "python -m int4lab.gate") -> int:
     try:                                    # everything that can be refused is refused before any work
         name, context = model_name_and_context(args.model)
         arms = plan_arms(args.scheme, args.targets, args.act, args.lottery, args.calib_draws, args.dither)
-        from .run import calib_source
+        from .run import calib_len_default, calib_source
         from .sources import read_sources
         texts = list(read_sources(args.texts).values())
         calib_text = calib_source(args.calib_text, arms)
@@ -161,7 +161,8 @@ def main(argv=None, stamp=None, prog: str = "python -m int4lab.gate") -> int:
                        threads=args.threads, floor_stride=args.floor_stride,
                        n_boot=args.boot, parity_steps=args.parity_steps, limit=args.limit,
                        calib_tokens=args.calib_tokens,
-                       calib_len=args.calib_len if args.calib_len is not None else args.window or context,
+                       calib_len=args.calib_len if args.calib_len is not None else
+                       calib_len_default(args.window or context, args.calib_tokens),
                        min_rows=args.min_rows, damp=args.damp, dither=args.dither,
                        trained_context=context, texts=texts, device=args.device,
                        batch_tokens=args.batch_tokens, stat_bytes=args.stat_bytes, seed=args.seed,

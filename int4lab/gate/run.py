@@ -69,8 +69,8 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     (bf16 for an fp32 source, else fp32) on every floor_stride-th document; reported, never a threshold.
     texts: the texts to score, each a source spec (`sources.py`: a corpus split name, a .txt or .jsonl file, or
     hf:NAME[:CONFIG]:SPLIT[:FIELD]) or a `sources.TextSource`; each is recorded with its sha256.
-    calib_tokens / calib_len: GPTQ calibration set per draw (calib_len default: window), from calib_split, or
-    from the documents of calib_text (a source spec, as texts) when given.
+    calib_tokens / calib_len: GPTQ calibration set per draw (calib_len default: `calib_len_default`), from
+    calib_split, or from the documents of calib_text (a source spec, as texts) when given.
     parity_steps > 0: the decode instrument's kernel-parity check on the first arm, over that many steps.
     max_docs: score only the first max_docs documents of each text (quick runs; None = all).
     tasks: lm-eval tasks to score as well (token-level perplexity from per-document log-likelihoods).
@@ -150,8 +150,8 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
         load_s = time.time() - ta
         calib = None
         if a.kind == "gptq":
-            calib = calibration_ids(tok, calib_tokens, calib_len or L, seed=a.seed, split=calib_name,
-                                    stream=train)
+            calib = calibration_ids(tok, calib_tokens, calib_len or calib_len_default(L, calib_tokens), seed=a.seed,
+                                    split=calib_name, stream=train)
         m, rep = quantize_model(m, a.scheme.scheme, a.scheme.targets, a.scheme.act, calib_ids=calib,
                                 min_rows=min_rows, damp=damp, dither=a.dither, dither_seed=a.seed, progress=False)
         quantise_s = time.time() - ta - load_s
@@ -249,7 +249,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
                      "n_boot": n_boot, "level": stats.LEVEL, "seed": seed, "bootstrap_unit": "document",
                      "split_seed": split_seed, "verdict_on": "held-out documents",
                      "scored": "every arm on every document", "texts": list(texts),
-                     "calib_tokens": calib_tokens, "calib_len": calib_len or L,
+                     "calib_tokens": calib_tokens, "calib_len": calib_len or calib_len_default(L, calib_tokens),
                      "calib_split": calib_split if calib_src is None else None,
                      "calib_text": None if calib_src is None else calib_src.describe(),
                      "min_rows": min_rows if min_rows else "K (max(H, I))",
@@ -275,6 +275,13 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
         payload["lmeval"] = lm
     payload["seconds"] = seconds
     return payload
+
+
+def calib_len_default(window: int, calib_tokens: int) -> int:
+    """GPTQ's calibration sequence length when none is given: the scoring window, cut to calib_tokens so that
+    one sequence fits the set (Qwen3-MoE's 40,960 and Mixtral's 32,768 trained contexts against the 16,384
+    calibration tokens of the default)."""
+    return min(window, calib_tokens) if calib_tokens >= 1 else window
 
 
 def calib_source(calib_text, arms):

@@ -165,6 +165,20 @@ def test_gate_cli_refuses_a_long_calibration_before_loading(capsys, monkeypatch)
     assert "--calib-len: calib_len must be at most the model's trained context" in capsys.readouterr().err
 
 
+def test_gate_cli_default_calibration_fits_a_long_trained_context(capsys, monkeypatch):
+    """A trained context longer than --calib-tokens (Qwen3-MoE's 40,960, Mixtral's 32,768 against the default
+    16,384) is no error when --calib-len is left out: the calibration sequence is cut to the calibration set."""
+    from int4lab import gate
+    from int4lab.gate import cli
+    from int4lab.gate.run import calib_len_default
+    assert calib_len_default(40960, 16384) == 16384 and calib_len_default(4096, 16384) == 4096
+    ran = {}
+    monkeypatch.setattr(cli, "run_gate", lambda *a, **k: ran.update(k) or pytest.skip("reached the gate"))
+    with pytest.raises(pytest.skip.Exception):                          # tiny OLMoE: trained context 256
+        gate.main(["--model", "olmoe", "--scheme", "gptq", "--calib-tokens", "128", "--out", "x.json"])
+    assert "calib_tokens must be at least" not in capsys.readouterr().err and ran["calib_len"] is None
+
+
 def test_fallback_is_shown_beside_the_verdict():
     """A GPTQ arm whose experts partly fell back to round-to-nearest says so where its verdict is printed: the
     CLI's table and the README's."""
