@@ -1,7 +1,8 @@
 """Where the gate's documents come from: the shipped corpus, a user's files, or a `datasets` split.
 
 A source is named by one string (`--texts` takes several, `--calib-text` one):
-- "test" or "ood": the shipped corpus splits, cut into documents of >= 4096 characters (`texts.documents`);
+- "test" or "ood": the shipped corpus splits, cut into documents of about 4096 characters (at least 4094 but the
+  last; `texts.documents`);
 - PATH.txt: UTF-8 plain text, one document per run of lines, documents separated by blank lines;
 - PATH.jsonl: UTF-8 JSON Lines, one object per non-blank line, its "text" field one document;
 - hf:NAME:SPLIT, hf:NAME:CONFIG:SPLIT or hf:NAME:CONFIG:SPLIT:FIELD (an empty CONFIG, hf:NAME::SPLIT:FIELD,

@@ -16,7 +16,9 @@ IN_DOMAIN = ("test",)
 
 
 def documents(split: str, doc_chars: int = 4096) -> list[str]:
-    """The corpus split cut at blank lines into documents of at least doc_chars characters (last may be short)."""
+    """The corpus split cut at blank lines into documents of about doc_chars characters: a document closes at the
+    first blank line once its paragraphs, each counted with two characters for the break after it, reach doc_chars,
+    so it holds at least doc_chars - 2 characters and can run well past doc_chars; the last may be short."""
     from ..corpus import load_split
     if not isinstance(doc_chars, int) or doc_chars <= 0:
         raise ValueError(f"doc_chars must be a positive int, got {doc_chars!r}")

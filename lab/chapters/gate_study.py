@@ -3,8 +3,9 @@ documents), the draws of one calibration method side by side, the rounding band 
 edges' uncertainty, the calibration test, the arm chosen on development documents, each derived again from what
 the receipt stores; and the comparison of a live re-run with the receipt at a stated tolerance.
 
-Nothing here measures, except `rerun_ticket` (the live re-run); `normal_ticket_facts` simulates what 16 normally
-spread tickets can say about their own spread (a property of the estimators). Every other function reads gate receipts
+Nothing here measures, except `rerun_ticket` (the live re-run) and `codes_moved` (live re-packs);
+`normal_ticket_facts` simulates what 16 normally spread tickets can say about their own spread (a property of
+the estimators). Every other function reads gate receipts
 (data/receipts/gate_<model>.json, written by `regenerate(model)`) and reshapes or re-checks them. All figures
 are relative perplexity changes (ppl_a / ppl_b - 1), paired on the same documents, with 95 % bootstrap intervals
 over documents (`int4lab.gate.stats`): pairing removes the variance the two arms share, and the interval of a
@@ -23,6 +24,7 @@ import math
 from statistics import NormalDist
 
 import numpy as np
+import torch
 
 from int4lab.gate import calibration_judgement, choose, rounding_band, verdict
 from lab.paths import RECEIPTS
@@ -292,6 +294,39 @@ def rerun_ticket(arch: str, seed: int, dither: float, docs: list[str], settings:
     rel = gate.paired_ci(per["ticket"].nll, per["source"].nll, per["source"].doc, n_boot=settings["n_boot"],
                          seed=settings["seed"])["rel"]
     return {"rel": rel, "tokens": win.tokens, "sha": win.sha}
+
+
+def codes_moved(arch: str, receipt: dict, tok, train, loader) -> dict:
+    """How many of the experts' int4 codes the first lottery ticket and the first GPTQ draw of `arch`'s receipt change
+    against round-to-nearest, each re-packed live as the gate packed it (the ticket's seed and dither; the draw's
+    calibration seed and the receipt's calib_tokens, calib_len, damp, min_rows). train: the calibration split
+    tokenised (`gate.split_ids`); loader(arch) -> a fresh float32 source model. Returns {"codes" (expert codes in
+    the model), "ticket", "gptq" (fractions of them that differ from round-to-nearest's), "fallback as in receipt"
+    (the re-packed draw packs the receipt's experts round-to-nearest)}. GPTQ chooses each block's scale from its
+    compensated weights, so some of its codes move with their block's scale, not by re-rounding alone."""
+    import int4lab as il
+    from int4lab import gate
+    from int4lab.format import unpack_codes
+    from int4lab.quantize.modules import Int4Experts
+    s = receipt["settings"]
+    if s.get("calib_text") or s.get("calib_split") != "train":
+        raise ValueError(f"codes_moved re-packs from the train split; this receipt calibrated on "
+                         f"{s.get('calib_text') or s.get('calib_split')!r}")
+    ticket, draw = receipt["arms"][f"{RTN} lottery#1"], receipt["arms"][receipt["calibration"][GPTQ]["draws"][0]]
+    calib = gate.calibration_ids(tok, s["calib_tokens"], s["calib_len"], seed=draw["seed"], stream=train)
+    min_rows = s["min_rows"] if isinstance(s["min_rows"], int) else None      # the receipt's "K (max(H, I))"
+    rtn, _ = il.quantize_model(loader(arch), progress=False)
+    tkt, _ = il.quantize_model(loader(arch), dither=ticket["dither"], dither_seed=ticket["seed"], progress=False)
+    gq, rep = il.quantize_model(loader(arch), "gptq", calib_ids=calib, min_rows=min_rows, damp=s["damp"],
+                                progress=False)
+
+    def codes(m):
+        return torch.cat([unpack_codes(getattr(x, p)).flatten() for x in m.modules() if isinstance(x, Int4Experts)
+                          for p in ("gate_up_packed", "down_packed")])
+    c = codes(rtn)
+    return {"codes": c.numel(), "ticket": float((codes(tkt) != c).double().mean()),
+            "gptq": float((codes(gq) != c).double().mean()),
+            "fallback as in receipt": rep.to_dict()["fallback"] == draw["quant_report"]["fallback"]}
 
 
 def plot(receipts: dict, budget: float, fig, scheme: str = GPTQ, base: str = RTN) -> None:

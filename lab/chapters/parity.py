@@ -8,11 +8,12 @@ round each projection's output to bf16; they part wherever float32 arithmetic is
 cached one-token decode against the full causal forward (attention, norms, router: a small residual at every
 step, with no kernel involved), and the kernels' sums and SwiGLU against torch's matmul and silu, which can round
 to other bf16 values or int8 codes. `localise` looks at the second: it replays the decode on the reference path,
-captures every experts block's input at every step, and sends the same input through the kernels one stage at a
-time:
+captures every experts block's input at every step, and sends the same input through the kernels stage by stage
+(one stage emulated in torch):
   * gate_up: the routed GEMV's bf16 output h [A, 2I] against `int4_matmul_ref` per routed expert;
-  * the down projection's int8 activation codes and float32 scales of silu(gate) * up, each side from its own h
-    (the kernel side in the kernel's SwiGLU form g / (1 + exp(-g)) * u, computed in torch);
+  * the down projection's int8 activation codes and float32 scales of silu(gate) * up, each side from its own h,
+    both computed in torch: the kernel side emulates the kernel's prologue (its SwiGLU form g / (1 + exp(-g)) * u,
+    then `quant_x_rows_ref`), it is not read from the kernel;
   * down: the routed GEMV from the *reference* h against the reference, so a difference here is down's own;
   * the whole block (`Int4Experts` with the kernels on) against the reference block output.
 """
@@ -42,9 +43,9 @@ def localise(model, windows: torch.Tensor, prompt: int) -> list[dict]:
 
     windows int64 [W, P + S + 1] (`gate.decode_windows`). Row keys: "window", "step", "layer", "h_differ"
     (bf16 values of gate_up's output that differ), "h_ulps", "h_values", "codes_differ" (int8 codes of the down
-    projection's input that differ, each side from its own h), "scales_differ" (their float32 activation scales,
-    likewise), "down_differ" (down's bf16 outputs from the same h), "block_differ" (the whole experts block's
-    outputs), "block_values".
+    projection's input that differ, each side from its own h, the kernel side emulated in torch), "scales_differ"
+    (their float32 activation scales, likewise), "down_differ" (down's bf16 outputs from the same h),
+    "block_differ" (the whole experts block's outputs), "block_values".
     """
     exps = [m for m in model.modules() if isinstance(m, Int4Experts)]
     if not exps:
