@@ -3,6 +3,7 @@ here at a small setting (the chapter runs it in full only), and its re-derivatio
 import pytest
 
 from int4lab import gate
+from int4lab.gate.texts import split_ids
 from lab.chapters import gate_study as gs
 
 from test_gate import short_documents, tiny_lm
@@ -44,6 +45,22 @@ def test_rerun_ticket_reproduces_a_small_gate_run(tok, monkeypatch):
     assert gs.verdicts_rederived(r) == [] and gs.choice_again(p) == p["choice"]["chosen"] == "rtn/experts/W4A8"
     rows = gs.arm_rows(r)
     assert {x["held-out docs"] for x in rows} == {len(p["split"]["texts"]["ood"]["held_out"])} == {gate.MIN_DOCS}
+
+
+def test_codes_moved_repacks_the_gate_arms(tok, monkeypatch):
+    short_documents(monkeypatch)
+    arms = gate.plan_arms(["rtn", "gptq"], lottery=1, calib_draws=1)
+    p = gate.run_gate("tiny", arms, window=32, max_docs=2 * gate.MIN_DOCS, n_boot=100, parity_steps=0, floor=False,
+                      texts=("ood",), calib_tokens=256, calib_len=32, min_rows=8, progress=False,
+                      loader=lambda dt: (tiny_lm("mixtral", dt), tok, "tiny"))
+    got = gs.codes_moved("mixtral", p, tok, split_ids(tok), lambda a: tiny_lm(a))
+    assert got["fallback as in receipt"]                     # the draw re-packed as the gate packed it
+    assert got["codes"] == sum(w.numel() for layer in tiny_lm().model.layers for w in layer.mlp.experts.parameters())
+    assert 0.035 < got["ticket"] < 0.065                     # E|u| = 0.05 for u ~ U(-0.1, 0.1)
+    assert got["gptq"] > got["ticket"]
+    p["settings"]["calib_split"] = "validation"
+    with pytest.raises(ValueError, match="train split"):
+        gs.codes_moved("mixtral", p, tok, None, lambda a: tiny_lm(a))
 
 
 def _normal_order_mean(r: int, n: int) -> float:
