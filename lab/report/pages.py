@@ -183,7 +183,9 @@ def realscale_table(receipts=RECEIPTS) -> str:
                 lines = [lines[0].replace("stopped before every depth ran", "stopped before any depth finished")
                          .replace("; the rows below are the depths that finished.", ".")]   # no table to show
             if r.get("complete") is False and log is not None:
-                lines += ["", summary_text(path.with_suffix(".log"), log)]
+                told = summary_text(path.with_suffix(".log"), log)
+                lines += ["", told if commit is None else told.replace(
+                    f"`{REL}/{path.with_suffix('.log').name}`", f"`git show {commit[:12]}:{REL}/{path.with_suffix('.log').name}`")]
             out.append("\n".join(lines))
     for path in sorted(Path(receipts).glob("prefill_*.json")):
         with reading(path):
