@@ -102,8 +102,8 @@ def targets(rec: dict) -> list[dict]:
         best = best_int4(a, 1, 256)
         for kind, bound in (("floor", FLOOR_BOUND[arch]), ("goal", 2.0)):
             name = f"int4 at its best <= {bound}x its read floor" + (" (goal)" if kind == "goal" else "")
-            out.append(_target(arch, kind, "B1 C256", name, best["over_floor"], bound,
-                               f"{best['state']} {best['run']} {best['per_layer_us']:.1f} µs / {best['floor_us']:.1f} µs",
+            what = f"{best['state']} {best['run']} {best['per_layer_us']:.1f} µs / {best['floor_us']:.1f} µs"
+            out.append(_target(arch, kind, "B1 C256", name, best["over_floor"], bound, what,
                                _verdict(best["over_floor"], "<=", bound, [best["row"]])))
         for key, s in a["summary"].items():
             b, c = (int(x[1:]) for x in key.split())
@@ -171,9 +171,9 @@ def reason(rec: dict, t: dict) -> str:
     if (b, c) != first_case(a) or bd is None or bi["state"] != "int4_fused2":
         return f"not profiled: layer {bi['per_layer_us']:.1f} µs ({bi['state']} {bi['run']}), {floors}"
     gemv, rest = gemvs(a)
-    return (f"profiled int4_fused2 graphed layer {bd['step']:.1f} µs"
-            + (f" (the compiled one, {bi['per_layer_us']:.1f} µs, was not profiled)" if bi["run"] != "graphed" else "")
-            + f": eager-profile kernel times, the four GEMVs {gemv:.1f} µs ({gemv / bd['step']:.0%}), the other launches "
-            + ", ".join(f"{k.removesuffix('_kernel')} {us:.1f}" for k, us in rest.items())
-            + f" µs ({sum(rest.values()):.1f}), torch glue {bd.get('glue', 0.0):.1f} µs, gaps {bd.get('gaps', 0.0):.1f}"
-            f" µs; {floors}")
+    compiled = f" (the compiled one, {bi['per_layer_us']:.1f} µs, was not profiled)" if bi["run"] != "graphed" else ""
+    others = ", ".join(f"{k.removesuffix('_kernel')} {us:.1f}" for k, us in rest.items())
+    return (f"profiled int4_fused2 graphed layer {bd['step']:.1f} µs{compiled}: eager-profile kernel times, the "
+            f"four GEMVs {gemv:.1f} µs ({gemv / bd['step']:.0%}), the other launches {others} µs "
+            f"({sum(rest.values()):.1f}), torch glue {bd.get('glue', 0.0):.1f} µs, gaps {bd.get('gaps', 0.0):.1f} "
+            f"µs; {floors}")
