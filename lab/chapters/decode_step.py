@@ -221,6 +221,14 @@ def decided(row) -> bool:
     return row["run"] != "eager" or min(slope_range(row)[0], fixed_range(row)[0]) > 0
 
 
+def span_text(lo: float, hi: float, unit: str = "µs") -> str:
+    """A sample range in words where it reaches below zero: no time is negative, so such a range decides nothing
+    and its numbers are not shown as times."""
+    if hi <= 0:
+        return "entirely below zero"
+    return f"from below zero to {hi:,.0f} {unit}" if lo <= 0 else f"{lo:,.0f} to {hi:,.0f} {unit}"
+
+
 def row_text(row) -> str:
     """per layer, fixed and tokens/s of a row; for an eager row each with the range its samples allow, and
     'undecided (spread …)' where that range reaches zero (tokens/s then too: it needs both)."""
@@ -231,7 +239,7 @@ def row_text(row) -> str:
     for name, (lo, hi), v in (("per layer", slope_range(row), row["per_layer_us"]),
                               ("fixed", fixed_range(row), row["fixed_us"])):
         parts.append(f"{name} {v:,.0f} us ({lo:,.0f}–{hi:,.0f})" if lo > 0 else
-                     f"{name} undecided (spread {lo:,.0f} to {hi:,.0f} us)")
+                     f"{name} undecided (spread {span_text(lo, hi, 'us')})")
     parts.append(f"{row['tokens_per_s']:.1f} tokens/s" if decided(row) else "tokens/s undecided")
     return "  ".join(parts)
 
@@ -257,6 +265,6 @@ def eager_text(e: dict) -> str:
         return "–"
     if not e["decided"]:
         (nl, nh), (dl, dh) = e["range"]
-        return f"undecided (spread: per layer {nl:,.0f} to {nh:,.0f} µs over {dl:,.0f} to {dh:,.0f} µs)"
+        return f"undecided (spread: per layer {span_text(nl, nh)} over {span_text(dl, dh)})"
     lo, hi = e["range"]
     return f"{e['value']:.2f}× ({lo:.2f}–{hi:.2f})"

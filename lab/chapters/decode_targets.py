@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .decode_step import ORDER, _row, breakdown, first_case, our_kernels, slope_range, spread
+from .decode_step import ORDER, _row, breakdown, first_case, our_kernels, slope_range, span_text, spread
 
 INT4_STATES = ("int4", "int4_fused", "int4_fused2")
 
@@ -22,13 +22,20 @@ def best_int4(a: dict, b: int, c: int, runs=("graphed", "compiled")) -> dict | N
             "over_floor": r["per_layer_us"] / fl, "spread": spread(r), "tokens_per_s": r["tokens_per_s"], "row": r}
 
 
+def gaps_text(gaps: float) -> str:
+    """The breakdown's gaps (layer time minus its profiled kernels' summed time); none where the kernels' times,
+    taken from the eager profile, sum to more than the graphed layer."""
+    return (f"gaps {gaps:.1f} µs" if gaps >= 0 else
+            f"no gaps (the profiled kernel times sum to {-gaps:.1f} µs more than the layer)")
+
+
 def _verdict(v: float, op: str, bound: float, rows) -> tuple[bool | None, str | None]:
     """(met, why undecided): undecided where a row's slope range reaches zero, or where the value lies within the
     rows' added spread (`spread`) of the bound."""
     for r in rows:
         lo, hi = slope_range(r)
         if lo <= 0:
-            return None, f"spread: per layer {lo:,.1f} to {hi:,.1f} µs reaches zero"
+            return None, f"spread: per layer {span_text(lo, hi)}, reaching zero"
     rel = sum(spread(r) for r in rows)
     if abs(v - bound) <= abs(bound) * rel:
         return None, f"spread: {v:.2f} ± {rel:.1%} reaches the bound {bound:g}"
@@ -175,5 +182,5 @@ def reason(rec: dict, t: dict) -> str:
     others = ", ".join(f"{k.removesuffix('_kernel')} {us:.1f}" for k, us in rest.items())
     return (f"profiled int4_fused2 graphed layer {bd['step']:.1f} µs{compiled}: eager-profile kernel times, the "
             f"four GEMVs {gemv:.1f} µs ({gemv / bd['step']:.0%}), the other launches {others} µs "
-            f"({sum(rest.values()):.1f}), torch glue {bd.get('glue', 0.0):.1f} µs, gaps {bd.get('gaps', 0.0):.1f} "
-            f"µs; {floors}")
+            f"({sum(rest.values()):.1f}), torch glue {bd.get('glue', 0.0):.1f} µs, {gaps_text(bd.get('gaps', 0.0))}; "
+            f"{floors}")
