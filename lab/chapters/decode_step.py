@@ -57,8 +57,13 @@ def first_case(arch_rec: dict) -> tuple[int, int]:
 
 
 def best_row(arch_rec: dict, state: str, run: str, batch: int, context: int):
+    """The fastest row (smallest per layer) of (state, run, batch, context) over the experts implementations. An
+    eager row whose slope's sample range reaches zero (`slope_range`) is no candidate while another's is decided:
+    such a slope, even a negative one, cannot show an implementation faster. None where the receipt has no row."""
     rows = [r for r in arch_rec["rows"] if (r["state"], r["run"], r["batch"], r["context"]) == (state, run, batch, context)
             and "per_layer_us" in r]
+    if run == "eager":
+        rows = [r for r in rows if r.get("samples_us") and slope_range(r)[0] > 0] or rows
     return min(rows, key=lambda r: r["per_layer_us"]) if rows else None
 
 
@@ -246,8 +251,9 @@ def row_text(row) -> str:
 
 def eager_ratio(a: dict, state: str, b: int, c: int, other: str = "bf16", fastest: bool = False) -> dict:
     """Eager per layer of `state` over eager `other` (bf16: its default experts impl, or with fastest=True the one
-    fastest eager at (b, c); "impl" names the denominator's): value, the range its samples allow, and decided =
-    False where either slope's range covers zero or a slope is negative."""
+    fastest eager at (b, c) among those whose slope's sample range lies above zero, `best_row`; "impl" names the
+    denominator's): value, the range its samples allow, and decided = False where either slope's range covers zero
+    or a slope is negative."""
     pick = lambda st: (best_row(a, st, "eager", b, c) if st == "bf16" and fastest else      # noqa: E731
                        _row(a, st, a.get("default_experts_impl") if st == "bf16" else None, "eager", b, c))
     num, den = pick(state), pick(other)

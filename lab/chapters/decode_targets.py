@@ -73,22 +73,25 @@ def _setup(r: dict) -> tuple:
 
 def run_to_run(rec: dict, path: Path, commit: str = REPLACED) -> dict:
     """How far this receipt moved from the version at `commit` where card, torch and transformers match: per kind
-    ("graphed", "compiled" per-layer times, "floor" read floors), (largest |relative change|, count) over the rows
-    both hold with the same model, state, experts implementation, batch and context. {} without that version."""
+    ("graphed", "compiled" per-layer times, "floor" read floors), (largest |relative change|, count, unmatched) over
+    the rows both hold with the same model, state, experts implementation, batch and context; unmatched lists this
+    receipt's rows of that kind the older version lacks ("model state impl run B<b> C<c>", or "model floor <key>"):
+    measured once. {} without that version."""
     from .history import receipt_at
     old, out = receipt_at(path, commit), {}
     if old is None or _setup(old) != _setup(rec):
         return out
-    for arch in [m for m in rec["archs"] if m in old["archs"]]:
-        a, o = rec["archs"][arch], old["archs"][arch]
-        pairs = [("floor", f["us"], o["floors"][k]["us"]) for k, f in a["floors"].items()
-                 if f.get("us") and o["floors"].get(k, {}).get("us")] + [
-            (r["run"], r["per_layer_us"], q["per_layer_us"]) for r in a["rows"]
+    for arch, a in rec["archs"].items():
+        o = old["archs"].get(arch) or {"floors": {}, "rows": []}
+        pairs = [("floor", f"{arch} floor {k}", f["us"], o["floors"].get(k, {}).get("us"))
+                 for k, f in a["floors"].items() if f.get("us")] + [
+            (r["run"], f"{arch} {r['state']} {r['impl'] or '-'} {r['run']} B{r['batch']} C{r['context']}",
+             r["per_layer_us"], (q or {}).get("per_layer_us")) for r in a["rows"]
             if "per_layer_us" in r and r["run"] != "eager"
-            for q in [_row(o, r["state"], r["impl"], r["run"], r["batch"], r["context"])] if q]
-        for kind, v, w in pairs:
-            m, n = out.get(kind, (0.0, 0))
-            out[kind] = (max(m, abs(v / w - 1)), n + 1)
+            for q in [_row(o, r["state"], r["impl"], r["run"], r["batch"], r["context"])]]
+        for kind, name, v, w in pairs:
+            m, n, miss = out.get(kind, (0.0, 0, []))
+            out[kind] = (m, n, miss + [name]) if not w else (max(m, abs(v / w - 1)), n + 1, miss)
     return out
 
 

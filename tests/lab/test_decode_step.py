@@ -170,6 +170,17 @@ def test_chapter_rules_undecided_eager_and_names_our_kernels():
     assert ch.eager_ratio(a, "int4", 1, 8)["impl"] == "grouped_mm" and ch.eager_ratio(a, "int4", 1, 8)["value"] == 0.5
     f = ch.eager_ratio(a, "int4", 1, 8, fastest=True)
     assert f["impl"] == "batched_mm" and f["value"] == 1.0 and f["decided"] and f["range"] == (19 / 21, 21 / 19)
+    # a lower eager slope whose samples reach zero (here below it) is no candidate for the fastest: the decided one is
+    a["rows"][2] = {**row("bf16", [30.0, 31.0], [20.0, 29.0]), "impl": "batched_mm"}
+    assert ch.slope_range(a["rows"][2])[0] < 0 and a["rows"][2]["per_layer_us"] < a["rows"][1]["per_layer_us"]
+    f = ch.eager_ratio(a, "int4", 1, 8, fastest=True)
+    assert f["impl"] == "grouped_mm" and f["decided"] and ch.best_row(a, "bf16", "eager", 1, 8)["impl"] == "grouped_mm"
+    from lab.report.pages import eager_bf16_text
+    a["summary"] = {"B1 C8": {}}
+    a["rows"] = [{**r, "state": "int4_fused2"} if r["state"] == "int4" else r for r in a["rows"]]
+    text = eager_bf16_text({"archs": {"olmoe": a}})
+    assert "slower eager" not in text and text.endswith("no candidate (it shows no implementation faster): olmoe at "
+                                                        "batch 1, context 8 (batched_mm)")
     ks = lambda n: [["gemv_dp4a_kernel", "unattributed", 3.0], ["cat:attn_proj", "unattributed", 3.0],  # noqa: E731
                     ["gemv_dp4a_kernel", "unattributed", 5.0], ["cat:experts", "unattributed", 9.0],
                     ["gemv_dp4a_kernel", "unattributed", 4.0], ["glue_op", "glue", 1.0]] * n
@@ -210,6 +221,22 @@ def test_tokens_target_is_undecided_without_compiled_bf16():
     assert t[best]["met"] is False and t[best]["undecided"] is None and graphed not in t
     assert tg.status(t[best]) == "missed" and tg.status(t[tg.GENERATE]).startswith("not measured")
     assert tg.run_to_run(_target_rec(True), RECEIPTS / "decode_step_none.json") == {}      # in no version
+
+
+def test_run_to_run_names_the_rows_the_older_version_lacks(monkeypatch):
+    """Against an older version of the receipt: per kind the largest relative change over the rows both hold, their
+    count, and this receipt's rows the older one lacks (measured once), never counted as unchanged."""
+    from lab.chapters import decode_targets as tg, history
+    prov = {"provenance": {"device": "H100", "torch": "2"}, "transformers": "5"}
+    new = {**_target_rec(True), **prov}
+    old = {**_target_rec(False), **prov}
+    old["archs"]["olmoe"]["rows"][0] = {**old["archs"]["olmoe"]["rows"][0], "per_layer_us": 8.0}
+    monkeypatch.setattr(history, "receipt_at", lambda path, commit: old)
+    moves = tg.run_to_run(new, None)
+    assert moves["graphed"] == (abs(10.0 / 8.0 - 1), 2, []) and moves["floor"] == (0.0, 2, [])
+    assert moves["compiled"] == (0.0, 0, ["olmoe bf16 grouped_mm compiled B1 C256"])
+    monkeypatch.setattr(history, "receipt_at", lambda path, commit: {**old, "transformers": "4"})
+    assert tg.run_to_run(new, None) == {}                                   # another setup: not the same run
 
 
 def test_targets_say_not_measured_and_undecided_where_the_receipt_cannot_decide():
