@@ -31,9 +31,10 @@ MOE_COLUMNS = (("llamacpp_q4_0_moe", "llama.cpp CUDA Q4_0 (test-backend-ops, eag
                ("llamacpp_q4_K_rot_moe", "llama.cpp CUDA Q4_K (rotated, CUDA graph)‡"),
                ("bf16_loop", "bf16 loop"), ("grouped_mm", "grouped_mm (bf16)"))
 DAGGER = ("† ggml's own timer (test-backend-ops perf): an eager stream over the same weights, no rotation, so a "
-          "shape whose weights fit in L2 may be read partly from cache. ‡ ggml's library with the bench's weight "
-          "copies rotated past 4× L2 and ggml's CUDA graphs, median of 20 samples of ≥ 16 calls. Both are host wall "
-          "clock, so they may hold host-side cost that the other rows' CUDA-event timing excludes{pct}. Both: "
+          "shape whose weights fit in L2 may be read partly from cache. ‡ ggml's library in a harness that fills its "
+          "own weight copies (not the bench's weights) and rotates them past 4× L2 (given the bench's L2 figure), with "
+          "ggml's CUDA graphs, median of 20 samples of ≥ 16 calls. Both are host wall clock, so they may hold "
+          "host-side cost that the other rows' CUDA-event timing excludes{pct}. Both: "
           "activations f32 (quantised to int8 blocks inside each call, as llama.cpp does); MoE: gate_up + down, "
           "where gate_up is twice one timed [I, H] MUL_MAT_ID (gate and up are separate expert tensors in "
           "llama.cpp; one of them was timed) and down is one timed [H, I] MUL_MAT_ID (no SwiGLU or combine).")

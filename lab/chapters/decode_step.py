@@ -1,5 +1,6 @@
 """Chapter 07: what int4 buys in a decode step. Reads the decode-step receipt (lab.decode_step) and shapes it for
-the chapter: which receipt, per-layer tables, the stacked bars against the floor, the targets.
+the chapter: which receipt, per-layer tables, the stacked bars against the floor, the eager ratios (the
+targets are in decode_targets.py).
 
 A receipt data/receipts/decode_step_<card>.json (measured on a GPU) is read when present; without one the chapter
 runs the benchmark itself on the CPU at tiny width into a temporary folder (a stand-in: no graphs, no floors, no
@@ -56,8 +57,13 @@ def first_case(arch_rec: dict) -> tuple[int, int]:
 
 
 def best_row(arch_rec: dict, state: str, run: str, batch: int, context: int):
+    """The fastest row (smallest per layer) of (state, run, batch, context) over the experts implementations. An
+    eager row whose slope's sample range reaches zero (`slope_range`) is no candidate while another's is decided:
+    such a slope, even a negative one, cannot show an implementation faster. None where the receipt has no row."""
     rows = [r for r in arch_rec["rows"] if (r["state"], r["run"], r["batch"], r["context"]) == (state, run, batch, context)
             and "per_layer_us" in r]
+    if run == "eager":
+        rows = [r for r in rows if r.get("samples_us") and slope_range(r)[0] > 0] or rows
     return min(rows, key=lambda r: r["per_layer_us"]) if rows else None
 
 
@@ -220,6 +226,14 @@ def decided(row) -> bool:
     return row["run"] != "eager" or min(slope_range(row)[0], fixed_range(row)[0]) > 0
 
 
+def span_text(lo: float, hi: float, unit: str = "µs") -> str:
+    """A sample range in words where it reaches below zero: no time is negative, so such a range decides nothing
+    and its numbers are not shown as times."""
+    if hi <= 0:
+        return "entirely below zero"
+    return f"from below zero to {hi:,.0f} {unit}" if lo <= 0 else f"{lo:,.0f} to {hi:,.0f} {unit}"
+
+
 def row_text(row) -> str:
     """per layer, fixed and tokens/s of a row; for an eager row each with the range its samples allow, and
     'undecided (spread …)' where that range reaches zero (tokens/s then too: it needs both)."""
@@ -230,15 +244,16 @@ def row_text(row) -> str:
     for name, (lo, hi), v in (("per layer", slope_range(row), row["per_layer_us"]),
                               ("fixed", fixed_range(row), row["fixed_us"])):
         parts.append(f"{name} {v:,.0f} us ({lo:,.0f}–{hi:,.0f})" if lo > 0 else
-                     f"{name} undecided (spread {lo:,.0f} to {hi:,.0f} us)")
+                     f"{name} undecided (spread {span_text(lo, hi, 'us')})")
     parts.append(f"{row['tokens_per_s']:.1f} tokens/s" if decided(row) else "tokens/s undecided")
     return "  ".join(parts)
 
 
 def eager_ratio(a: dict, state: str, b: int, c: int, other: str = "bf16", fastest: bool = False) -> dict:
     """Eager per layer of `state` over eager `other` (bf16: its default experts impl, or with fastest=True the one
-    fastest eager at (b, c); "impl" names the denominator's): value, the range its samples allow, and decided =
-    False where either slope's range covers zero or a slope is negative."""
+    fastest eager at (b, c) among those whose slope's sample range lies above zero, `best_row`; "impl" names the
+    denominator's): value, the range its samples allow, and decided = False where either slope's range covers zero
+    or a slope is negative."""
     pick = lambda st: (best_row(a, st, "eager", b, c) if st == "bf16" and fastest else      # noqa: E731
                        _row(a, st, a.get("default_experts_impl") if st == "bf16" else None, "eager", b, c))
     num, den = pick(state), pick(other)
@@ -256,139 +271,6 @@ def eager_text(e: dict) -> str:
         return "–"
     if not e["decided"]:
         (nl, nh), (dl, dh) = e["range"]
-        return f"undecided (spread: per layer {nl:,.0f} to {nh:,.0f} µs over {dl:,.0f} to {dh:,.0f} µs)"
+        return f"undecided (spread: per layer {span_text(nl, nh)} over {span_text(dl, dh)})"
     lo, hi = e["range"]
     return f"{e['value']:.2f}× ({lo:.2f}–{hi:.2f})"
-
-
-INT4_STATES = ("int4", "int4_fused", "int4_fused2")
-
-
-def best_int4(a: dict, b: int, c: int, runs=("graphed", "compiled")) -> dict | None:
-    """The fastest int4 layer (any int4 state, graphed or compiled) of a case, with its floor multiple."""
-    rows = [r for st in INT4_STATES for run in runs for r in [_row(a, st, None, run, b, c)] if r]
-    if not rows:
-        return None
-    r = min(rows, key=lambda r: r["per_layer_us"])
-    fl = a["floors"][f"int4 B{b} C{c}"]["us"]
-    return {"state": r["state"], "run": r["run"], "per_layer_us": r["per_layer_us"], "floor_us": fl,
-            "over_floor": r["per_layer_us"] / fl, "spread": spread(r), "tokens_per_s": r["tokens_per_s"]}
-
-
-def _verdict(v: float, op: str, bound: float, rel: float) -> bool | None:
-    if abs(v - bound) <= abs(bound) * rel:
-        return None                                 # within the samples' spread of the bound
-    return v <= bound if op == "<=" else v >= bound
-
-
-FLOOR_BOUND = {"olmoe": 2.5, "qwen3_moe": 2.5, "mixtral": 1.5}
-BF16_FASTEST = "transformers' bf16 at its fastest"    # its modules graphed or compiled; no fused-kernel bf16 measured
-# earlier versions of decode_step_h100.json in git history that compiled bf16 at batch 1, context 256 on OLMoE:
-# the basis of notes/decode_step.md's predictions (no int4_fused2 rows), and the version this one replaced
-EARLIER = ("dee2c3bef2cba4c4f4e895a8238624c18ab34085", "4cf86c2b4c05427be115a8791b37dec0039edea1")
-
-
-def _setup(r: dict) -> tuple:
-    return r["provenance"]["device"], r["provenance"]["torch"], r.get("transformers")
-
-
-def earlier_versions(path: Path, commits=EARLIER):
-    """(commit, receipt) for each of `commits` whose tree holds the receipt at `path`; none without git history."""
-    from .history import receipt_at
-    for commit in commits:
-        if (old := receipt_at(path, commit)) is not None:
-            yield commit, old
-
-
-def earlier_compiled_bf16(rec: dict, path: Path, b: int = 1, c: int = 256) -> list[dict]:
-    """Compiled bf16 at (b, c) in the EARLIER versions of the receipt at `path` that git history holds, per model,
-    with the experts implementation that was compiled (`impl`; this receipt's is `impl_here`), beside this receipt's
-    best int4 tokens/s over it (a ratio across two runs) and, where that version measured int4_fused2, its own
-    same-run ratio; `same_setup` says whether card, torch and transformers match this receipt's. [] where the
-    checkout has no history."""
-    key, out = f"B{b} C{c}", []
-    impl = lambda a: next((r["impl"] for r in a["rows"] if (r["state"], r["run"], r["batch"], r["context"]) ==  # noqa: E731
-                           ("bf16", "compiled", b, c)), None)
-    for commit, old in earlier_versions(path):
-        for arch in [m for m in ORDER if m in rec["archs"] and m in old["archs"]]:
-            s = old["archs"][arch]["summary"].get(key, {})
-            if "bf16_compiled_tokens_per_s" not in s:
-                continue
-            bi = best_int4(rec["archs"][arch], b, c)
-            out.append({"commit": commit[:7], "date": old["provenance"]["date"][:10], "arch": arch,
-                        "same_setup": _setup(old) == _setup(rec), "impl": impl(old["archs"][arch]),
-                        "impl_here": impl(rec["archs"][arch]), "bf16_compiled_tokens_per_s":
-                        s["bf16_compiled_tokens_per_s"], "gain": s["bf16_compiled_tokens_per_s"] /
-                        s["bf16_graphed_tokens_per_s"], "this_over_it": bi["tokens_per_s"] /
-                        s["bf16_compiled_tokens_per_s"], "its_own": max(
-                            s.get(f"int4_fused2_{run}_tokens_per_s", 0) for run in ("graphed", "compiled"))
-                        / s["bf16_compiled_tokens_per_s"] or None})
-    return out
-
-
-def run_to_run(rec: dict, path: Path) -> dict:
-    """How far this receipt moved from the version it replaced (EARLIER[-1], same card, torch and transformers):
-    per kind ("graphed", "compiled" per-layer times, "floor" read floors), (largest |relative change|, count) over
-    the rows both hold with the same model, state, experts implementation, batch and context. {} without it."""
-    out = {}
-    for _, old in [(c, o) for c, o in earlier_versions(path, EARLIER[-1:]) if _setup(o) == _setup(rec)]:
-        for arch in [m for m in rec["archs"] if m in old["archs"]]:
-            a, o = rec["archs"][arch], old["archs"][arch]
-            pairs = [("floor", f["us"], o["floors"][k]["us"]) for k, f in a["floors"].items()
-                     if f.get("us") and o["floors"].get(k, {}).get("us")] + [
-                (r["run"], r["per_layer_us"], q["per_layer_us"]) for r in a["rows"]
-                if "per_layer_us" in r and r["run"] != "eager"
-                for q in [_row(o, r["state"], r["impl"], r["run"], r["batch"], r["context"])] if q]
-            for kind, v, w in pairs:
-                m, n = out.get(kind, (0.0, 0))
-                out[kind] = (max(m, abs(v / w - 1)), n + 1)
-    return out
-
-
-def targets(rec: dict) -> list[dict]:
-    """Every target of the decode step against the receipt, per model: value, bound, met (None: undecided within
-    the samples' spread) and what it compares. int4 = its fastest state (int4, int4_fused, int4_fused2)."""
-    out = []
-    if rec.get("card") == "cpu":
-        return out
-    for arch in [m for m in ORDER if m in rec["archs"]]:
-        a = rec["archs"][arch]
-        best = best_int4(a, 1, 256)
-        for name, bound in (("B1 C256: int4 at its best <= {b}x its read floor", FLOOR_BOUND[arch]),
-                            ("B1 C256: int4 at its best <= {b}x its read floor (goal)", 2.0)):
-            out.append({"arch": arch, "target": name.format(b=bound), "value": best["over_floor"], "bound": bound,
-                        "what": f"{best['state']} {best['run']} {best['per_layer_us']:.1f} µs / "
-                                f"{best['floor_us']:.1f} µs", "met": _verdict(best["over_floor"], "<=", bound,
-                                                                           best["spread"])})
-        for key, s in a["summary"].items():
-            b, c = (int(x[1:]) for x in key.split())
-            bi, bf = best_int4(a, b, c), a["floors"][f"bf16 B{b} C{c}"]["us"]
-            out.append({"arch": arch, "target": f"{key}: int4 at its best below bf16's read floor",
-                        "value": bi["per_layer_us"] / bf, "bound": 1.0,
-                        "what": f"{bi['state']} {bi['run']} {bi['per_layer_us']:.1f} µs / bf16 floor {bf:.1f} µs",
-                        "met": _verdict(bi["per_layer_us"] / bf, "<=", 1.0, bi["spread"])})
-            if b == 1:
-                bb, bbr = s["best_bf16"], _row(a, "bf16", s["best_bf16"]["impl"], s["best_bf16"]["run"], b, c)
-                v = bi["tokens_per_s"] / bb["tokens_per_s"]
-                what = f"{bi['state']} {bi['run']} over bf16 {bb['impl']} {bb['run']}"
-                verdict = _verdict(v, ">=", 3.0, bi["spread"] + spread(bbr))
-                compiled = "bf16_compiled_per_layer_us" in s
-                # transformers' bf16 at its fastest needs its compiled run: where the receipt has none the target is
-                # undecided, and the verdict against graphed bf16 is a lower bar, given as a target of its own
-                out.append({"arch": arch, "target": f"{key}: int4 tokens/s >= 3x {BF16_FASTEST}", "value": v,
-                            "bound": 3.0, "what": what, "met": verdict if compiled else None,
-                            "undecided": None if compiled else "compiled bf16 was not measured in this receipt"})
-                if not compiled:
-                    out.append({"arch": arch, "target": f"{key}: int4 tokens/s >= 3x bf16 graphed (none compiled)",
-                                "value": v, "bound": 3.0, "what": what, "met": verdict})
-            if (b, c) != (1, 256):
-                g = best_int4(a, b, c, runs=("graphed",))
-                out.append({"arch": arch, "target": f"{key}: int4 graphed <= 2x its read floor",
-                            "value": g["over_floor"], "bound": 2.0,
-                            "what": f"{g['state']} {g['per_layer_us']:.1f} µs / {g['floor_us']:.1f} µs",
-                            "met": _verdict(g["over_floor"], "<=", 2.0, g["spread"])})
-        for st, g in sorted(a["greedy"]["states"].items()):
-            out.append({"arch": arch, "target": f"{st}: {a['greedy']['steps']} greedy tokens identical graphed "
-                        "and eager", "value": g["first_mismatch"], "bound": None, "what": "first mismatch",
-                        "met": bool(g["equal"])})
-    return out

@@ -22,8 +22,13 @@ LLAMA = "llama.cpp Q4_0 (recorded)"
 GEMV_PEERS = ("w4a16_cutlass", "bf16", "tinygemm", "gemlite", "marlin", "llamacpp_q4_0", "llamacpp_q4_0_rot")
 MOE_PEERS = ("bf16_loop", "grouped_mm")
 MOE_LLAMA = ("llamacpp_q4_0_moe", "llamacpp_q4_0_rot_moe")
-# column names of llama.cpp's rows († ggml's eager timer, ‡ rotated like ours; both host wall clock: the legend under the peer tables)
-LABELS = {"llamacpp_q4_0": "llama.cpp Q4_0 (eager)†", "llamacpp_q4_0_rot": "llama.cpp Q4_0 (rotated)‡",
+# what the Marlin timed is: the pages say it wherever a table or target names Marlin
+MARLIN_BUILD = ("a build from IST-DASLab's Marlin source with its weight loads' L2 evict-first cache hint removed "
+                "(a workaround for CUDA 13's ptxas), not an unmodified Marlin; the patch's effect on its time is not "
+                "measured")
+# column names of Marlin's and llama.cpp's rows († ggml's eager timer, ‡ rotated like ours; both host wall clock: the legend under the peer tables)
+LABELS = {"marlin": "marlin (patched build)",
+          "llamacpp_q4_0": "llama.cpp Q4_0 (eager)†", "llamacpp_q4_0_rot": "llama.cpp Q4_0 (rotated)‡",
           "llamacpp_q4_0_moe": "llama.cpp Q4_0 MUL_MAT_ID (eager)†",
           "llamacpp_q4_0_rot_moe": "llama.cpp Q4_0 MUL_MAT_ID (rotated)‡"}
 

@@ -7,8 +7,9 @@ from pathlib import Path
 from int4lab.files import write_text_atomic
 
 from lab.bench.schema import DEFAULT_OUT
-from lab.chapters.decode_step import eager_ratio, eager_text     # chapter 07's rule for an eager slope
-from lab.paths import RECEIPTS
+from lab.chapters.decode_step import eager_ratio, eager_text, slope_range     # chapter 07's rule for an eager slope
+from lab.chapters.history import changed_since, receipt_at, text_at
+from lab.paths import RECEIPTS, ROOT
 from lab.provenance import portable_command
 from .runlog import summary_text
 from .decode import END, START, _f, _line, read, reading, refuse_partial
@@ -109,21 +110,38 @@ def _not_yet(name: str, module: str, stage: str) -> str:
             f"(`lab/gpu_run.sh`, stage `{stage}`).")
 
 
+# Real-width runs whose measured code has changed since, shown as the commit that measured them holds them (the
+# tree keeps only receipts of its own code): the full-depth OLMoE gate, measured before the gate's calibration
+# length default was cut to the calibration set (OLMoE's 4,096-token context is below it, so its arms are the same).
+REALSCALE_HISTORY = (("data/receipts/realscale_gate_full_olmoe_h100.json",
+                      "7204c6c26ceb7bbf8973778e187b31cf261a59cc"),)
+REL = "data/receipts"
+
+
 def realscale_table(receipts=RECEIPTS) -> str:
     """The README's gate command at the published width (`python -m lab.realscale_gate`): per architecture and
     measured depth, the gate's wall time, the time inside its forwards, its peaks and verdicts; then each quantity
     fitted as fixed + layers x per_layer and taken to the published depth (the arithmetic in the receipt), against
     the targets. Then the many-row scoring path's bench (`prefill_*.json`). "not yet measured" without receipts."""
-    found = _receipts("realscale_gate_*.json", receipts)
+    found = [(p, r, p.with_suffix(".log").read_text(encoding="utf-8", errors="replace")
+              if p.with_suffix(".log").exists() else None, None) for p, r in _receipts("realscale_gate_*.json", receipts)]
+    for rel, commit in REALSCALE_HISTORY if Path(receipts) == RECEIPTS else ():
+        path = ROOT / rel
+        if not path.exists() and (r := receipt_at(path, commit)) is not None:
+            found.append((path, r, text_at(path.with_suffix(".log"), commit), commit))
     if not found:
         return _not_yet("realscale_gate_[full_]<arch>_<card>.json", "lab.realscale_gate", "gate")
     out = []
-    for path, r in found:
+    for path, r, log, commit in found:
         with reading(path):
             why = r.get("interrupted") or "no reason recorded"     # a run that stopped early says so first
+            where = "" if commit is None else (
+                f" as commit `{commit[:12]}` holds it (not in this tree: of the code it measured, "
+                f"{', '.join(f'`{f}`' for f in changed_since(r))} differ here; `git show {commit[:12]}:{REL}/"
+                f"{path.name}`)")
             lines = [("" if r.get("complete") is not False else
                       f"**Partial run: `{path.name}` stopped before every depth ran** ({why}); the rows below are "
-                      "the depths that finished.\n\n") + f"`data/receipts/{path.name}` ({_prov(r)}; "
+                      "the depths that finished.\n\n") + f"`data/receipts/{path.name}`{where} ({_prov(r)}; "
                      f"`{portable_command(r['provenance'].get('command'))}`):", "",
                      "| model | layers | gate | build arms (by kind, s) | score | inside forwards | gate / forwards | GPU peak | "
                      "host peak | arms in groups | verdicts |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -164,9 +182,10 @@ def realscale_table(receipts=RECEIPTS) -> str:
             if not any(a.get("depths") for a in r.get("archs", {}).values()):
                 lines = [lines[0].replace("stopped before every depth ran", "stopped before any depth finished")
                          .replace("; the rows below are the depths that finished.", ".")]   # no table to show
-            log = path.with_suffix(".log")
-            if r.get("complete") is False and log.exists():
-                lines += ["", summary_text(log)]
+            if r.get("complete") is False and log is not None:
+                told = summary_text(path.with_suffix(".log"), log)
+                lines += ["", told if commit is None else told.replace(
+                    f"`{REL}/{path.with_suffix('.log').name}`", f"`git show {commit[:12]}:{REL}/{path.with_suffix('.log').name}`")]
             out.append("\n".join(lines))
     for path in sorted(Path(receipts).glob("prefill_*.json")):
         with reading(path):
@@ -209,13 +228,45 @@ def compiled_bf16_text(r: dict) -> str:
               "lower against a compiled bf16.")
 
 
+def eager_bf16_text(r: dict) -> str:
+    """The decode-step table's note on its eager column's bf16 (`eager_ratio(..., fastest=True)`): which experts
+    implementation it is, in how many rows with an eager ratio transformers' default is slower eager (and in how many
+    of them beyond both slopes' sample ranges), and which lower eager per-layer values were no candidate because
+    their slope's sample range reaches zero."""
+    slower, beyond, shown, passed, dflts = 0, 0, 0, [], set()
+    for arch, a in r.get("archs", {}).items():
+        dflt = a.get("default_experts_impl")
+        for case in a.get("summary", {}):
+            b, c = (int(x[1:]) for x in case.split())
+            e = eager_ratio(a, "int4_fused2", b, c, fastest=True)
+            if e["value"] is None:
+                continue
+            shown += 1
+            bf = {x["impl"]: x for x in a.get("rows", []) if "per_layer_us" in x and
+                  (x["state"], x["run"], x["batch"], x["context"]) == ("bf16", "eager", b, c)}
+            pick = bf[e["impl"]]
+            passed += [f"{arch} at batch {b}, context {c} ({k})" for k, x in bf.items()
+                       if x["per_layer_us"] < pick["per_layer_us"]]
+            if dflt and e["impl"] != dflt:
+                slower, dflts = slower + 1, dflts | {dflt}
+                beyond += dflt in bf and slope_range(bf[dflt])[0] > slope_range(pick)[1]
+    return ("its bf16 is the experts implementation fastest eager in that row among those whose slope's sample range "
+            "lies above zero (named)" + (
+                f"; transformers' default ({'/'.join(sorted(dflts))}) is slower eager in {slower} of the {shown} rows "
+                f"with an eager ratio ({beyond} of them beyond both slopes' sample ranges), and against it those "
+                "ratios are lower (chapter 07 prints both)" if slower else "") + (
+                "; a lower eager per layer whose slope's sample range reaches zero is no candidate (it shows no "
+                f"implementation faster): {', '.join(passed)}" if passed else ""))
+
+
 def decode_step_table(receipts=RECEIPTS) -> str:
     """What int4 buys in a whole decode step (`python -m lab.decode_step`): per model, batch and context, one
     layer's time against its read floor: int4 as quantised, int4_fused and int4_fused2 (`fuse_decode`) graphed,
     int4_fused2 compiled, beside bf16's floor and the best bf16 (the fastest experts implementation graphed, or
     compiled where the receipt compiled bf16: only the implementation fastest graphed is compiled), tokens/s at the
-    published depth against that bf16, and eager int4_fused2 against the fastest eager bf16 (named; the range its
-    samples allow, or undecided). From the receipt's `summary` and rows; "–" where it measured nothing."""
+    published depth against that bf16, and eager int4_fused2 against the fastest eager bf16 whose slope is decided
+    (named; the range its samples allow, or undecided). From the receipt's `summary` and rows; "–" where it
+    measured nothing."""
     found = _receipts("decode_step_*.json", receipts)
     if not found:
         return _not_yet("decode_step_<card>.json", "lab.decode_step", "step")
@@ -227,7 +278,6 @@ def decode_step_table(receipts=RECEIPTS) -> str:
                      "int4_fused2 graphed | int4_fused2 compiled | bf16 read floor | best bf16 measured | "
                      "tokens/s int4_fused2 / best bf16 | eager int4_fused2 / fastest eager bf16 |",
                      "|---|---|---|---|---|---|---|---|---|---|---|"]
-            slow = []           # rows whose fastest eager bf16 is not transformers' default experts impl
             for arch, a in r.get("archs", {}).items():
                 for case, v in a.get("summary", {}).items():
                     fl = v.get("int4_floor_us")
@@ -243,17 +293,13 @@ def decode_step_table(receipts=RECEIPTS) -> str:
                         _f(v.get("int4_fused2_over_best_bf16_tokens_per_s"), 2) + "×",
                         eager_text(e := eager_ratio(a, "int4_fused2", b, c, fastest=True))
                         + (f" ({e['impl']})" if e["impl"] else "")]))
-                    dflt = a.get("default_experts_impl")
-                    slow += [dflt] if dflt and e["impl"] and e["impl"] != dflt else []
             errs = {arch: sorted(a.get("errors") or {}) for arch, a in r.get("archs", {}).items() if a.get("errors")}
             out.append("\n".join(lines) + "\n\n" + (
                 f"Parts that failed (their errors are in the receipt): {errs}. " if errs else "") +
                 "Eager column: per layer = step(2 layers) − step(1 layer) from the run's eager samples, with the range "
                 "they allow (min step(2) − max step(1) to max step(2) − min step(1)); undecided where that range "
-                "reaches zero; its bf16 is the experts implementation fastest eager in that row (named)" + (
-                    f"; transformers' default ({'/'.join(sorted(set(slow)))}) is slower eager in {len(slow)} of the "
-                    f"{len(lines) - 2} rows, and against it those ratios are lower (chapter 07 prints both)" if slow
-                    else "") + ". " + compiled_bf16_text(r) + " A batch of 16 is 16 identical sequences "
+                "reaches zero; " + eager_bf16_text(r) + ". " + compiled_bf16_text(r) + " A batch of 16 is 16 "
+                "identical sequences "
                 "(every row starts from the same token over the "
                 "same cache): it reads batch 1's experts, so its rows are not batched decoding of distinct sequences. "
                 f"`{path.name}`: {_prov(r)}.")

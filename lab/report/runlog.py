@@ -43,9 +43,10 @@ def summary(text: str) -> dict:
     return out
 
 
-def summary_text(path: Path) -> str:
-    """One paragraph of what the log at `path` shows (figures as printed there)."""
-    s = summary(Path(path).read_text(encoding="utf-8", errors="replace"))
+def summary_text(path: Path, text: str | None = None) -> str:
+    """One paragraph of what the log at `path` shows (figures as printed there); `text`: the log's text when it
+    is read from elsewhere than `path` (an earlier commit)."""
+    s = summary(Path(path).read_text(encoding="utf-8", errors="replace") if text is None else text)
     parts = []
     if "checkpoint_s" in s:
         parts.append(f"checkpoint {s['checkpoint_gib']:.2f} GiB written in {s['checkpoint_s']:.1f} s")

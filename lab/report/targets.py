@@ -13,7 +13,7 @@ from lab.bench.schema import DEFAULT_OUT
 from lab.bench.shapes import all_shapes
 from lab.paths import RECEIPTS
 from lab.provenance import portable_command
-from .decode import (MOE_PEERS, read, _f, _floor, _line, _ratio, _us, best_impl_moe, best_ours_moe, card, gemv_table,
+from .decode import (MARLIN_BUILD, MOE_PEERS, read, _f, _floor, _line, _ratio, _us, best_impl_moe, best_ours_moe, card, gemv_table,
                      llama_gemv_us, moe_table, same_card)
 
 
@@ -221,7 +221,8 @@ def target_definitions() -> str:
         f"- **{GEMV_FLOOR}**: each big batch-1 GEMV ({big}) takes at most 1.15× its read floor.",
         f"- **{GEMV_BESIDE_PEERS}**: every batch-1 decode shape of the three models, and the bench's two extra "
         "shapes (Mixtral's gate or up alone, a 28672x8192 stress shape), is faster than bf16 cuBLAS, "
-        "tinygemm, GemLite, Marlin (where timed) and llama.cpp Q4_0 on the same card (where timed: the faster of "
+        "tinygemm, GemLite, Marlin (where timed; a patched build, below) and llama.cpp Q4_0 on the same card (where "
+        "timed: the faster of "
         "its two timers), and takes at "
         "most 1.4× its read floor.",
         f"- **{ONE_TOKEN_MOE}**: the MoE layer at one token (gate_up, SwiGLU, down, weighted combine) takes at most "
@@ -234,7 +235,7 @@ def target_definitions() -> str:
         "The **read floor** of a row is the time of a kernel that only reads the same int4-b32 bytes, timed the same "
         "way in the same run (`lab/bench/floor.py`), so every ratio of a row the bench timed is measured on one GPU in "
         "one run; the llama.cpp columns are ggml's own timings from a separate process and other timers (their "
-        "footnotes), so their ratios cross timers.",
+        "footnotes), so their ratios cross timers. The Marlin timed is " + MARLIN_BUILD + ".",
     ])
 
 
@@ -285,6 +286,8 @@ def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
         ", weights rotated beyond L2. Read floor: a kernel that only reads the row's int4-b32 bytes (MoE: the "
         "unique routed experts'), best of a few launch configurations, timed the same way in the same run; "
         "a peer's cell gives its µs and (peer / int4_b32)."
+        + (" Marlin (the `marlin` column and the Marlin column of the peers at their own read floors) is "
+           + MARLIN_BUILD + "." if "marlin" in {r["impl"] for r in rec["rows"]} else "")
         + (f" A one-word read kernel, back to back in a graph, takes {rec['launch']['us']:.2f} µs per kernel (a "
             "throughput of tiny kernels, not a launch latency)."
            if "launch" in rec else "")

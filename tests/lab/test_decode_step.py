@@ -170,6 +170,17 @@ def test_chapter_rules_undecided_eager_and_names_our_kernels():
     assert ch.eager_ratio(a, "int4", 1, 8)["impl"] == "grouped_mm" and ch.eager_ratio(a, "int4", 1, 8)["value"] == 0.5
     f = ch.eager_ratio(a, "int4", 1, 8, fastest=True)
     assert f["impl"] == "batched_mm" and f["value"] == 1.0 and f["decided"] and f["range"] == (19 / 21, 21 / 19)
+    # a lower eager slope whose samples reach zero (here below it) is no candidate for the fastest: the decided one is
+    a["rows"][2] = {**row("bf16", [30.0, 31.0], [20.0, 29.0]), "impl": "batched_mm"}
+    assert ch.slope_range(a["rows"][2])[0] < 0 and a["rows"][2]["per_layer_us"] < a["rows"][1]["per_layer_us"]
+    f = ch.eager_ratio(a, "int4", 1, 8, fastest=True)
+    assert f["impl"] == "grouped_mm" and f["decided"] and ch.best_row(a, "bf16", "eager", 1, 8)["impl"] == "grouped_mm"
+    from lab.report.pages import eager_bf16_text
+    a["summary"] = {"B1 C8": {}}
+    a["rows"] = [{**r, "state": "int4_fused2"} if r["state"] == "int4" else r for r in a["rows"]]
+    text = eager_bf16_text({"archs": {"olmoe": a}})
+    assert "slower eager" not in text and text.endswith("no candidate (it shows no implementation faster): olmoe at "
+                                                        "batch 1, context 8 (batched_mm)")
     ks = lambda n: [["gemv_dp4a_kernel", "unattributed", 3.0], ["cat:attn_proj", "unattributed", 3.0],  # noqa: E731
                     ["gemv_dp4a_kernel", "unattributed", 5.0], ["cat:experts", "unattributed", 9.0],
                     ["gemv_dp4a_kernel", "unattributed", 4.0], ["glue_op", "glue", 1.0]] * n
@@ -178,33 +189,78 @@ def test_chapter_rules_undecided_eager_and_names_our_kernels():
                                                         "gemv_dp4a_kernel @ experts": [2, 9.0]}
 
 
+def _target_rec(compiled: bool, rows=(), summary=None, floors=None, skipped=()) -> dict:
+    """A one-model receipt for chapter 07's targets: int4_fused2 and bf16 graphed at batch 1, context 256."""
+    def row(st, impl, run, us, tps):
+        return {"state": st, "impl": impl, "run": run, "batch": 1, "context": 256, "per_layer_us": us,
+                "samples_us": {"1": [us, us], "2": [2 * us, 2 * us]}, "fixed_us": 0.0, "tokens_per_s": tps}
+    base = [row("int4_fused2", None, "graphed", 10.0, 400.0), row("bf16", "grouped_mm", "graphed", 40.0, 100.0)]
+    s = {"best_bf16": {"impl": "grouped_mm", "run": "graphed", "tokens_per_s": 100.0}}
+    if compiled:
+        base.append(row("bf16", "grouped_mm", "compiled", 20.0, 200.0))
+        s = {"best_bf16": {"impl": "grouped_mm", "run": "compiled", "tokens_per_s": 200.0},
+             "bf16_compiled_per_layer_us": 20.0}
+    a = {"rows": base + list(rows), "summary": {"B1 C256": s, **(summary or {})}, "skipped": list(skipped),
+         "errors": {}, "greedy": {"steps": 4, "states": {}},
+         "floors": {"int4 B1 C256": {"us": 5.0}, "bf16 B1 C256": {"us": 20.0}, **(floors or {})}}
+    return {"card": "h100", "archs": {"olmoe": a}}
+
+
 def test_tokens_target_is_undecided_without_compiled_bf16():
     """The tokens/s target against transformers' bf16 at its fastest is decided only where bf16 was compiled;
     without a compiled bf16 row it is undecided, with the reason, and the graphed comparison is its own (lower)
     target."""
-    from lab.chapters import decode_step as ch
-    def row(st, impl, run, us, tps):
-        return {"state": st, "impl": impl, "run": run, "batch": 1, "context": 256, "per_layer_us": us,
-                "samples_us": {"1": [us, us], "2": [2 * us, 2 * us]}, "fixed_us": 0.0, "tokens_per_s": tps}
-
-    def rec(compiled: bool) -> dict:
-        rows = [row("int4_fused2", None, "graphed", 10.0, 400.0), row("bf16", "grouped_mm", "graphed", 40.0, 100.0)]
-        s = {"best_bf16": {"impl": "grouped_mm", "run": "graphed", "tokens_per_s": 100.0}}
-        if compiled:
-            rows.append(row("bf16", "grouped_mm", "compiled", 20.0, 200.0))
-            s = {"best_bf16": {"impl": "grouped_mm", "run": "compiled", "tokens_per_s": 200.0},
-                 "bf16_compiled_per_layer_us": 20.0}
-        a = {"rows": rows, "summary": {"B1 C256": s}, "greedy": {"steps": 4, "states": {}},
-             "floors": {"int4 B1 C256": {"us": 5.0}, "bf16 B1 C256": {"us": 20.0}}}
-        return {"card": "h100", "archs": {"olmoe": a}}
-    best = f"B1 C256: int4 tokens/s >= 3x {ch.BF16_FASTEST}"
+    from lab.chapters import decode_targets as tg
+    from lab.paths import RECEIPTS
+    best = f"B1 C256: int4 tokens/s >= 3x {tg.BF16_FASTEST}"
     graphed = "B1 C256: int4 tokens/s >= 3x bf16 graphed (none compiled)"
-    t = {x["target"]: x for x in ch.targets(rec(False))}
+    t = {x["target"]: x for x in tg.targets(_target_rec(False))}
     assert t[best]["met"] is None and t[best]["undecided"] and t[graphed]["met"] is True
-    t = {x["target"]: x for x in ch.targets(rec(True))}
+    assert tg.status(t[best]).startswith("undecided (compiled bf16 was not measured")
+    t = {x["target"]: x for x in tg.targets(_target_rec(True))}
     assert t[best]["met"] is False and t[best]["undecided"] is None and graphed not in t
-    assert ch.earlier_compiled_bf16(rec(True), ch.RECEIPTS / "decode_step_none.json") == []   # in no version
-    assert ch.run_to_run(rec(True), ch.RECEIPTS / "decode_step_none.json") == {}
+    assert tg.status(t[best]) == "missed" and tg.status(t[tg.GENERATE]).startswith("not measured")
+    assert tg.run_to_run(_target_rec(True), RECEIPTS / "decode_step_none.json") == {}      # in no version
+
+
+def test_run_to_run_names_the_rows_the_older_version_lacks(monkeypatch):
+    """Against an older version of the receipt: per kind the largest relative change over the rows both hold, their
+    count, and this receipt's rows the older one lacks (measured once), never counted as unchanged."""
+    from lab.chapters import decode_targets as tg, history
+    prov = {"provenance": {"device": "H100", "torch": "2"}, "transformers": "5"}
+    new = {**_target_rec(True), **prov}
+    old = {**_target_rec(False), **prov}
+    old["archs"]["olmoe"]["rows"][0] = {**old["archs"]["olmoe"]["rows"][0], "per_layer_us": 8.0}
+    monkeypatch.setattr(history, "receipt_at", lambda path, commit: old)
+    moves = tg.run_to_run(new, None)
+    assert moves["graphed"] == (abs(10.0 / 8.0 - 1), 2, []) and moves["floor"] == (0.0, 2, [])
+    assert moves["compiled"] == (0.0, 0, ["olmoe bf16 grouped_mm compiled B1 C256"])
+    monkeypatch.setattr(history, "receipt_at", lambda path, commit: {**old, "transformers": "4"})
+    assert tg.run_to_run(new, None) == {}                                   # another setup: not the same run
+
+
+def test_targets_say_not_measured_and_undecided_where_the_receipt_cannot_decide():
+    """A case the run skipped is "not measured" with the skipped parts named; a slope whose samples' range reaches
+    zero, or a value within its samples' spread of the bound, is undecided, never a verdict."""
+    from lab.chapters import decode_targets as tg
+    key = "B16 C4096"
+    rec = _target_rec(True, summary={key: {"best_bf16": {"impl": "grouped_mm", "run": "graphed"}}},
+                      floors={f"bf16 {key}": {"us": 30.0}}, skipped=[f"time int4_fused2 - graphed {key}",
+                                                                     f"floors {key}"])
+    t = {x["target"]: x for x in tg.targets(rec)}
+    for name in ("int4 at its best below bf16's read floor", "int4 graphed <= 2x its read floor"):
+        st = tg.status(t[f"{key}: {name}"])
+        assert st.startswith("not measured (skipped") and f"floors {key}" in st
+    # a graphed row whose 2-layer and 1-layer samples overlap: its slope may be zero
+    flat = {"state": "int4_fused2", "impl": None, "run": "graphed", "batch": 16, "context": 4096, "per_layer_us": 1.0,
+            "samples_us": {"1": [10.0, 12.0], "2": [11.0, 13.0]}, "fixed_us": 9.0, "tokens_per_s": 1.0}
+    rec = _target_rec(True, rows=[flat], summary={key: {"best_bf16": {"impl": "grouped_mm", "run": "graphed"}}},
+                      floors={f"bf16 {key}": {"us": 30.0}, f"int4 {key}": {"us": 5.0}})
+    t = {x["target"]: x for x in tg.targets(rec)}
+    assert t[f"{key}: int4 graphed <= 2x its read floor"]["met"] is None
+    assert tg.status(t[f"{key}: int4 graphed <= 2x its read floor"]).startswith("undecided (spread: per layer")
+    assert tg._verdict(2.05, "<=", 2.0, [dict(flat, samples_us={"1": [1.0, 1.05], "2": [3.0, 3.0]},
+                                              per_layer_us=2.0)]) == (None, "spread: 2.05 ± 2.5% reaches the bound 2")
 
 
 def test_receipt_at_reads_a_committed_version_or_gives_none():

@@ -68,14 +68,21 @@ def test_receipt_names_carry_no_journal_tags():
 
 @pytest.mark.parametrize("page", PAGES)
 def test_pages_name_files_and_modules_that_exist(page):
-    """Backticked paths and receipt names in the pages exist; every `python -m` module they run can be found."""
+    """Backticked paths and receipt names in the pages exist, in the tree or at the commit a `git show COMMIT:PATH`
+    on the same page names; every `python -m` module they run can be found."""
     text = (ROOT / page).read_text()
+    shown = {}                                          # path -> commit, for files the page reads from git history
+    for commit, path in re.findall(r"git show ([0-9a-f]{7,40}):([^`\s]+)", text):
+        if subprocess.run(["git", "cat-file", "-e", f"{commit}:{path}"], cwd=ROOT, capture_output=True).returncode:
+            pytest.fail(f"{page}: `git show {commit}:{path}` names no file of that commit")
+        shown[path] = commit
+    names = {p.rsplit("/", 1)[-1] for p in shown}
     missing = []
     for path in re.findall(r"`((?:int4lab|lab|notes|tests|notebooks|data|figures|scripts)/[^`\s]+?)[`:]", text):
-        if not re.search(r"[*<>{}]|…", path) and not (ROOT / path.rstrip("/.,;")).exists():
+        if not re.search(r"[*<>{}]|…", path) and not (ROOT / path.rstrip("/.,;")).exists() and path not in shown:
             missing.append(path)
     for name in re.findall(r"`([A-Za-z0-9\-.]+_[A-Za-z0-9_\-.]+\.(?:json|txt|csv\.gz))`", text):   # receipt-like
-        if not list(RECEIPTS.rglob(name)) and not (ROOT / name).exists():
+        if not list(RECEIPTS.rglob(name)) and not (ROOT / name).exists() and name not in names:
             missing.append(name)
     for module in re.findall(r"python -m ([A-Za-z_][\w.]*)", text):
         if module not in ("pytest", "pip") and importlib.util.find_spec(module) is None:
