@@ -9,8 +9,8 @@ H = hidden size, I = expert intermediate size, V = vocabulary, L = layer index.
 
 No weight is quantised here. A quantised module's int4-b32 pack (`Int4Linear`, `Int4Experts`) is transcoded by
 `int4lab.q4_0.int4_b32_to_q4_0` (nibble order j|j+16, the fp16 scale bits copied), so llama.cpp decodes exactly the
-weights `dequant_int4_ref` decodes. Everything else (embeddings, norms, router, lm_head) is written as the model holds
-it, in F32 (exact for a bf16 or fp32 model) or F16.
+weights `dequant_int4_ref` decodes. Everything else is written as the model holds it: embeddings, lm_head and the
+other 2-D weights in F32 (exact for a bf16 or fp32 model) or F16 (`--ftype f16`); norms and the router always in F32.
 
 How transformers 5 names map onto llama.cpp's (gguf-py `MODEL_TENSOR` names, per block L; each architecture's
 `int4lab.archs` record holds its mapping, llama.cpp architecture and routing flags):

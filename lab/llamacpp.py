@@ -5,7 +5,8 @@
 Shape legend: W = windows, T = tokens per window (<= the trained context), V = vocabulary.
 
 The test split is tokenised once (our tokenizer) and cut into W windows of T tokens, each <|bos|> then
-T - 1 text tokens, so every text token is scored once, at most T - 1 positions from its window's start.
+T - 1 text tokens, so when all windows are scored every text token except the last `tokens mod (T - 1)` is scored
+once, at most T - 1 positions from its window's start (`--windows N` scores N of them, spread evenly).
 Both engines get exactly these ids (llama.cpp's own tokeniser is bypassed: `Llama.eval(ids)`), and
 both are scored on the log-probability of each next token.
 
@@ -281,7 +282,8 @@ def llamacpp_numerics(activations: str = "q8_0", outputs: str = "fp32"):
     activations "q8_0": `q8_0_activations` (ggml's x86 rule: fp16 scale); "ours": `quant_x_rows_ref` (float32
     scale). outputs "fp32": each projection's output and the expert combine stay float32, as ggml's are; "bf16":
     each rounded to bf16 as our kernels do. ("q8_0", "fp32") is llama.cpp's side; ("ours", "bf16") computes what
-    our model computes without the context, bit for bit (tests/lab/test_llamacpp.py); the two mixed ones split the gap.
+    our model computes without the context, bit for bit (tests/lab/test_llamacpp.py); the two mixed ones change one
+    half at a time (which changes close the gap; mean |delta log p| does not split it into shares).
     """
     from int4lab import quantize as qz
     if activations not in NUMERICS_ACTIVATIONS or outputs not in NUMERICS_OUTPUTS:
@@ -368,7 +370,8 @@ def arm_result(cmp: dict, groups: torch.Tensor | None = None) -> dict:
 # ----------------------------------------------------------------------------------------------------
 # The judge
 
-# the two halves of llama.cpp's numerics, one at a time (`llamacpp_numerics`): which part of the gap each explains
+# the two halves of llama.cpp's numerics, one at a time (`llamacpp_numerics`): which changes, alone and together,
+# close the gap (not a split into shares)
 DECOMPOSITION = {"llamacpp_numerics": ("q8_0", "fp32"),
                  "fp16_activation_scale_only": ("q8_0", "bf16"),
                  "fp32_outputs_only": ("ours", "fp32")}
