@@ -30,6 +30,11 @@ def test_moe_path_on_sm90_follows_the_mean_rows_and_the_experts_size():
     # OLMoE: 2 mean rows from 16 tokens, and small experts go straight to the tensor-core tile
     assert [accuracy.moe_path_on("sm90", 132, t, olmoe[1], olmoe[0], *olmoe[2:]) for t in (8, 16)] == [
         "routed", "grouped mma"]
+    # the 32 Mi row applies to each grouped GEMM's N x K, and gate_up holds 2 H I weights: experts of 16 Mi to 32 Mi
+    # weights per projection run gate_up on dp4a and down on the tensor-core kernel from 2 to 4 mean rows
+    for I in (4095, 4096, 8191, 8192):
+        assert [accuracy.moe_path_on("sm90", 132, t, 2, 8, 4096, I) for t in (8, 16)] == [
+            {4095: "grouped mma", 8192: "grouped dp4a"}.get(I, "grouped dp4a/mma"), "grouped mma"]
     assert accuracy.moe_path_on("interp", 4, 1, 2, 4, 64, 128) == "routed"
     assert accuracy.moe_path_on("interp", 4, 4, 2, 4, 64, 128) == "grouped dp4a"   # the interpreter's grouped row
     assert plan_mod.generation("cpu") == "interp"
