@@ -30,8 +30,8 @@ def gaps_text(gaps: float, busy: float) -> str:
 
 
 def _verdict(v: float, op: str, bound: float, rows) -> tuple[bool | None, str | None]:
-    """(met, why undecided): undecided where a row's slope range reaches zero, or where the value lies within the
-    rows' added spread (`spread`) of the bound."""
+    """(met, why undecided) of a ratio of per-layer times: undecided where a row's slope range reaches zero, or where
+    the value lies within the rows' added spread (`spread`) of the bound. A tokens/s ratio takes `_step_verdict`."""
     for r in rows:
         lo, hi = slope_range(r)
         if lo <= 0:
