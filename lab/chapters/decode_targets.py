@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .decode_step import ORDER, _row, breakdown, first_case, our_kernels, slope_range, span_text, spread
+from .decode_step import ORDER, _row, breakdown, first_case, our_kernels, slope_range, span_text, spread, step_range
 
 INT4_STATES = ("int4", "int4_fused", "int4_fused2")
 
@@ -22,16 +22,16 @@ def best_int4(a: dict, b: int, c: int, runs=("graphed", "compiled")) -> dict | N
             "over_floor": r["per_layer_us"] / fl, "spread": spread(r), "tokens_per_s": r["tokens_per_s"], "row": r}
 
 
-def gaps_text(gaps: float) -> str:
-    """The breakdown's gaps (layer time minus its profiled kernels' summed time); none where the kernels' times,
-    taken from the eager profile, sum to more than the graphed layer."""
-    return (f"gaps {gaps:.1f} µs" if gaps >= 0 else
-            f"no gaps (the profiled kernel times sum to {-gaps:.1f} µs more than the layer)")
+def gaps_text(gaps: float, busy: float) -> str:
+    """The breakdown's gaps: the profiled replay's layer minus the replay's own summed kernel time (`busy`, per
+    layer), not minus the eager-profile kernel times the reason lists; none where the replay's kernels sum to more."""
+    return (f"gaps {gaps:.1f} µs (the replay's layer − its own kernels' {busy:.1f} µs)" if gaps >= 0 else
+            f"no gaps (the replay's own kernel times, {busy:.1f} µs, sum to {-gaps:.1f} µs more than the layer)")
 
 
 def _verdict(v: float, op: str, bound: float, rows) -> tuple[bool | None, str | None]:
-    """(met, why undecided): undecided where a row's slope range reaches zero, or where the value lies within the
-    rows' added spread (`spread`) of the bound."""
+    """(met, why undecided) of a ratio of per-layer times: undecided where a row's slope range reaches zero, or where
+    the value lies within the rows' added spread (`spread`) of the bound. A tokens/s ratio takes `_step_verdict`."""
     for r in rows:
         lo, hi = slope_range(r)
         if lo <= 0:
@@ -40,6 +40,25 @@ def _verdict(v: float, op: str, bound: float, rows) -> tuple[bool | None, str | 
     if abs(v - bound) <= abs(bound) * rel:
         return None, f"spread: {v:.2f} ± {rel:.1%} reaches the bound {bound:g}"
     return (v <= bound if op == "<=" else v >= bound), None
+
+
+def _step_verdict(num, den, bound: float) -> tuple[bool | None, str | None]:
+    """(met, why undecided) of tokens/s num over den >= bound: the ratio is step(den) / step(num) at the published
+    depth, decided where the range the samples allow (`step_range` of each) lies on one side of the bound;
+    undecided too where a slope's sample range reaches zero."""
+    for r in (num, den):
+        lo, hi = slope_range(r)
+        if lo <= 0:
+            return None, f"spread: per layer {span_text(lo, hi)}, reaching zero"
+    (nl, nh), (dl, dh) = step_range(num), step_range(den)
+    if dl / nh <= bound <= dh / nl:
+        return None, f"spread: the samples allow {dl / nh:.2f}–{dh / nl:.2f}, reaching the bound {bound:g}"
+    return dl / nh > bound, None
+
+
+def row_name(arch: str, r: dict) -> str:
+    """A row as `run_to_run` names it: "model state impl run B<b> C<c>"."""
+    return f"{arch} {r['state']} {r['impl'] or '-'} {r['run']} B{r['batch']} C{r['context']}"
 
 
 def status(t: dict) -> str:
@@ -51,11 +70,12 @@ def status(t: dict) -> str:
 
 def _absent(a: dict, b: int, c: int) -> str:
     """Why a case has no int4 graphed layer or floor: the parts the run skipped (`bench.Run.part` skips a part only
-    when the run's time budget is spent) or that failed, as the receipt lists them."""
+    when the model's share of the call's time budget is spent: each model in turn gets an even share of what is
+    left) or that failed, as the receipt lists them."""
     key = f"B{b} C{c}"
     skipped = [k for k in a.get("skipped", []) if k.endswith(key)]
     failed = [k for k in a.get("errors", {}) if k.endswith(key)]
-    return "; ".join(([f"skipped, the run's time budget spent: {', '.join(skipped)}"] if skipped else []) +
+    return "; ".join(([f"skipped, the model's share of the call's time budget spent: {', '.join(skipped)}"] if skipped else []) +
                      ([f"failed: {', '.join(failed)}"] if failed else [])) or "not in the receipt"
 
 
@@ -85,8 +105,7 @@ def run_to_run(rec: dict, path: Path, commit: str = REPLACED) -> dict:
         o = old["archs"].get(arch) or {"floors": {}, "rows": []}
         pairs = [("floor", f"{arch} floor {k}", f["us"], o["floors"].get(k, {}).get("us"))
                  for k, f in a["floors"].items() if f.get("us")] + [
-            (r["run"], f"{arch} {r['state']} {r['impl'] or '-'} {r['run']} B{r['batch']} C{r['context']}",
-             r["per_layer_us"], (q or {}).get("per_layer_us")) for r in a["rows"]
+            (r["run"], row_name(arch, r), r["per_layer_us"], (q or {}).get("per_layer_us")) for r in a["rows"]
             if "per_layer_us" in r and r["run"] != "eager"
             for q in [_row(o, r["state"], r["impl"], r["run"], r["batch"], r["context"])]]
         for kind, name, v, w in pairs:
@@ -114,7 +133,8 @@ def targets(rec: dict) -> list[dict]:
             name = f"int4 at its best <= {bound}x its read floor" + (" (goal)" if kind == "goal" else "")
             what = f"{best['state']} {best['run']} {best['per_layer_us']:.1f} µs / {best['floor_us']:.1f} µs"
             out.append(_target(arch, kind, "B1 C256", name, best["over_floor"], bound, what,
-                               _verdict(best["over_floor"], "<=", bound, [best["row"]])))
+                               _verdict(best["over_floor"], "<=", bound, [best["row"]]),
+                               rows=[row_name(arch, best["row"])]))
         for key, s in a["summary"].items():
             b, c = (int(x[1:]) for x in key.split())
             bi, bf = best_int4(a, b, c), a["floors"].get(f"bf16 B{b} C{c}", {}).get("us")
@@ -122,7 +142,8 @@ def targets(rec: dict) -> list[dict]:
             if bi and bf:
                 out.append(_target(arch, "below_bf16", key, name, bi["per_layer_us"] / bf, 1.0,
                                    f"{bi['state']} {bi['run']} {bi['per_layer_us']:.1f} µs / bf16 floor {bf:.1f} µs",
-                                   _verdict(bi["per_layer_us"] / bf, "<=", 1.0, [bi["row"]])))
+                                   _verdict(bi["per_layer_us"] / bf, "<=", 1.0, [bi["row"]]),
+                                   rows=[row_name(arch, bi["row"])]))
             else:
                 out.append(_target(arch, "below_bf16", key, name, None, 1.0, "", not_measured=_absent(a, b, c)))
             if b == 1:
@@ -130,21 +151,23 @@ def targets(rec: dict) -> list[dict]:
                 bbr = _row(a, "bf16", bb["impl"], bb["run"], b, c)
                 v = bi["tokens_per_s"] / bb["tokens_per_s"]
                 what = f"{bi['state']} {bi['run']} over bf16 {bb['impl']} {bb['run']}"
-                verdict = _verdict(v, ">=", 3.0, [bi["row"], bbr])
+                verdict, rows = _step_verdict(bi["row"], bbr, 3.0), [row_name(arch, bi["row"]), row_name(arch, bbr)]
                 compiled = "bf16_compiled_per_layer_us" in s
                 # transformers' bf16 at its fastest needs its compiled run: where the receipt has none the target is
                 # undecided, and the verdict against graphed bf16 is a lower bar, given as a target of its own
                 out.append(_target(arch, "tokens", key, f"int4 tokens/s >= 3x {BF16_FASTEST}", v, 3.0, what,
-                                   verdict if compiled else (None, "compiled bf16 was not measured in this receipt")))
+                                   verdict if compiled else (None, "compiled bf16 was not measured in this receipt"),
+                                   rows=rows))
                 if not compiled:
                     out.append(_target(arch, "tokens_graphed", key, "int4 tokens/s >= 3x bf16 graphed (none "
-                                       "compiled)", v, 3.0, what, verdict))
+                                       "compiled)", v, 3.0, what, verdict, rows=rows))
             if (b, c) != (1, 256):
                 name = "int4 graphed <= 2x its read floor"
                 g = best_int4(a, b, c, runs=("graphed",))
                 out.append(_target(arch, "graphed_floor", key, name, g["over_floor"], 2.0,
                                    f"{g['state']} {g['per_layer_us']:.1f} µs / {g['floor_us']:.1f} µs",
-                                   _verdict(g["over_floor"], "<=", 2.0, [g["row"]])) if g else
+                                   _verdict(g["over_floor"], "<=", 2.0, [g["row"]]), rows=[row_name(arch, g["row"])])
+                           if g else
                            _target(arch, "graphed_floor", key, name, None, 2.0, "", not_measured=_absent(a, b, c)))
         out.append(_target(arch, "generate", None, GENERATE, None, None, "", not_measured=(
             "this benchmark times one step over a static cache, eager, graphed or compiled, not generate")))
@@ -174,8 +197,9 @@ def reason(rec: dict, t: dict) -> str:
         r, q = bi["row"], _row(a, "bf16", bb["impl"], bb["run"], b, c)
         return (f"per layer bf16 {q['per_layer_us']:.1f} µs over int4 {r['per_layer_us']:.1f} µs = "
                 f"{q['per_layer_us'] / r['per_layer_us']:.2f}x; fixed part {q['fixed_us']:.1f} against "
-                f"{r['fixed_us']:.1f} µs; step at {r['full_layers']} layers {q['full_step_us']:,.0f} against "
-                f"{r['full_step_us']:,.0f} µs")
+                f"{r['fixed_us']:.1f} µs; step at {r['full_layers']} layers {q['full_step_us']:,.0f} "
+                f"({step_range(q)[0]:,.0f}–{step_range(q)[1]:,.0f}) against {r['full_step_us']:,.0f} µs "
+                f"({step_range(r)[0]:,.0f}–{step_range(r)[1]:,.0f}: the ranges the samples allow)")
     bd, floors = breakdown(a, "int4_fused2"), f"int4 floor {bi['floor_us']:.1f} µs, bf16 floor " \
                                                f"{a['floors'][f'bf16 B{b} C{c}']['us']:.1f} µs"
     if (b, c) != first_case(a) or bd is None or bi["state"] != "int4_fused2":
@@ -185,5 +209,6 @@ def reason(rec: dict, t: dict) -> str:
     others = ", ".join(f"{k.removesuffix('_kernel')} {us:.1f}" for k, us in rest.items())
     return (f"profiled int4_fused2 graphed layer {bd['step']:.1f} µs{compiled}: eager-profile kernel times, the "
             f"four GEMVs {gemv:.1f} µs ({gemv / bd['step']:.0%}), the other launches {others} µs "
-            f"({sum(rest.values()):.1f}), torch glue {bd.get('glue', 0.0):.1f} µs, {gaps_text(bd.get('gaps', 0.0))}; "
+            f"({sum(rest.values()):.1f}), torch glue {bd.get('glue', 0.0):.1f} µs, "
+            f"{gaps_text(bd.get('gaps', 0.0), bd.get('busy', 0.0))}; "
             f"{floors}")

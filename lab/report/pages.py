@@ -250,8 +250,12 @@ def eager_bf16_text(r: dict) -> str:
             if dflt and e["impl"] != dflt:
                 slower, dflts = slower + 1, dflts | {dflt}
                 beyond += dflt in bf and slope_range(bf[dflt])[0] > slope_range(pick)[1]
-    return ("its bf16 is the experts implementation fastest eager in that row among those whose slope's sample range "
-            "lies above zero (named)" + (
+    impls = sorted({i for c in r.get("calls", []) for i in (c.get("settings") or {}).get("impls") or []})
+    unrun = sorted({i for a in r.get("archs", {}).values() for i in a.get("experts_impls") or []} - set(impls))
+    return ("its bf16 is the experts implementation fastest eager in that row among those measured"
+            + (f" ({', '.join(impls)}" + (f"; transformers' {', '.join(unrun)} experts implementation was not run"
+                                          if unrun else "") + ")" if impls else "")
+            + " whose slope's sample range lies above zero (named)" + (
                 f"; transformers' default ({'/'.join(sorted(dflts))}) is slower eager in {slower} of the {shown} rows "
                 f"with an eager ratio ({beyond} of them beyond both slopes' sample ranges), and against it those "
                 "ratios are lower (chapter 07 prints both)" if slower else "") + (
@@ -298,7 +302,8 @@ def decode_step_table(receipts=RECEIPTS) -> str:
                 f"Parts that failed (their errors are in the receipt): {errs}. " if errs else "") +
                 "Eager column: per layer = step(2 layers) − step(1 layer) from the run's eager samples, with the range "
                 "they allow (min step(2) − max step(1) to max step(2) − min step(1)); undecided where that range "
-                "reaches zero; " + eager_bf16_text(r) + ". " + compiled_bf16_text(r) + " A batch of 16 is 16 "
+                "reaches zero; a ratio whose range contains 1 does not say which eager step is faster; "
+                + eager_bf16_text(r) + ". " + compiled_bf16_text(r) + " A batch of 16 is 16 "
                 "identical sequences "
                 "(every row starts from the same token over the "
                 "same cache): it reads batch 1's experts, so its rows are not batched decoding of distinct sequences. "

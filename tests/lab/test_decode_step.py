@@ -193,7 +193,8 @@ def _target_rec(compiled: bool, rows=(), summary=None, floors=None, skipped=()) 
     """A one-model receipt for chapter 07's targets: int4_fused2 and bf16 graphed at batch 1, context 256."""
     def row(st, impl, run, us, tps):
         return {"state": st, "impl": impl, "run": run, "batch": 1, "context": 256, "per_layer_us": us,
-                "samples_us": {"1": [us, us], "2": [2 * us, 2 * us]}, "fixed_us": 0.0, "tokens_per_s": tps}
+                "samples_us": {"1": [us, us], "2": [2 * us, 2 * us]}, "fixed_us": 0.0, "tokens_per_s": tps,
+                "full_layers": 16}
     base = [row("int4_fused2", None, "graphed", 10.0, 400.0), row("bf16", "grouped_mm", "graphed", 40.0, 100.0)]
     s = {"best_bf16": {"impl": "grouped_mm", "run": "graphed", "tokens_per_s": 100.0}}
     if compiled:
@@ -221,6 +222,20 @@ def test_tokens_target_is_undecided_without_compiled_bf16():
     assert t[best]["met"] is False and t[best]["undecided"] is None and graphed not in t
     assert tg.status(t[best]) == "missed" and tg.status(t[tg.GENERATE]).startswith("not measured")
     assert tg.run_to_run(_target_rec(True), RECEIPTS / "decode_step_none.json") == {}      # in no version
+    assert t[best]["rows"] == ["olmoe int4_fused2 - graphed B1 C256", "olmoe bf16 grouped_mm compiled B1 C256"]
+
+
+def test_tokens_verdict_takes_the_range_of_the_extrapolated_steps():
+    """A tokens/s ratio is decided by the range its steps at the published depth allow (each step's samples at
+    opposite ends, `step_range`), not by the per-layer spread, which a step of many layers dilutes."""
+    from lab.chapters import decode_step as ch, decode_targets as tg
+    row = lambda s1, s2: {"run": "compiled", "full_layers": 10, "samples_us": {"1": s1, "2": s2}}  # noqa: E731
+    num, den = row([10.0, 11.0], [20.0, 20.5]), row([30.0, 31.0], [60.0, 60.5])
+    # step(10) = step(1) + 9 x per layer: the lowest pairs max step(1) with min step(2), -8 x 11 + 9 x 20 = 92
+    assert ch.step_range(num) == (92.0, 104.5) and ch.step_range(den) == (292.0, 304.5)
+    assert tg._step_verdict(num, den, 2.5) == (True, None)                       # 292 / 104.5 = 2.79 > 2.5
+    assert tg._step_verdict(num, den, 3.0) == (None, "spread: the samples allow 2.79–3.31, reaching the bound 3")
+    assert tg._step_verdict(num, den, 3.5) == (False, None)
 
 
 def test_run_to_run_names_the_rows_the_older_version_lacks(monkeypatch):
