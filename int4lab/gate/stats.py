@@ -160,7 +160,8 @@ def verdict(cis: dict, budget: float) -> dict:
     need = {t: tokens_to_decide(c["rel"], c["tokens"], budget) for t, c in open_.items()}
     return {"verdict": "UNDECIDED", "tokens_needed": need, "below_source": below,
             "reasons": [f"{t}: {c['rel']['value']:+.3%} [{c['rel']['lo']:+.3%}, {c['rel']['hi']:+.3%}] straddles the "
-                        f"budget {budget:.2%}; about {need[t] or 'an unbounded number of'} tokens would decide it"
+                        f"budget {budget:.2%}; plug-in: at about {need[t] or 'an unbounded number of'} held-out tokens a "
+                        "sample would decide it about half the time, if the change stayed at its point estimate"
                         for t, c in open_.items()]}
 
 
@@ -177,8 +178,9 @@ CALIBRATION_RULE = (
     "nothing beyond rounding luck. Test: the prediction t statistic t = (x_draw - mean x_tickets) / "
     "(sd x_tickets * sqrt(1 + 1/K)) over K tickets, Student t with K - 1 degrees of freedom (tickets' x normal); "
     "one-sided p_helps = P(T <= t), p_hurts = P(T >= t). A draw HELPS on a text when p_helps <= alpha. "
-    "ACCEPTED: every draw helps on every text (intersection-union test: if any draw on any text is no better "
-    "than a ticket, ACCEPTED comes out with probability at most alpha). WORSE: some (draw, text) has a "
+    "ACCEPTED: every draw helps on every text (intersection-union test: if any draw on any text is "
+    "exchangeable with the tickets and the tickets' x are normal, ACCEPTED comes out with probability at most "
+    "alpha; a draw that gains nothing but spreads wider than a ticket passes more often). WORSE: some (draw, text) has a "
     "Holm-adjusted p_hurts <= alpha over all draws x texts (family-wise error at most alpha). NOT SHOWN: "
     f"otherwise. alpha = {ALPHA}; at least {MIN_DRAWS} draws and {MIN_TICKETS} tickets. The exact rank "
     "p-value (1 + tickets at or beyond the draw) / (K + 1), free of the normal assumption, is reported beside it.")
