@@ -259,7 +259,7 @@ def eager_bf16_text(r: dict) -> str:
                 f"; transformers' default ({'/'.join(sorted(dflts))}) is slower eager in {slower} of the {shown} rows "
                 f"with an eager ratio ({beyond} of them beyond both slopes' sample ranges), and against it those "
                 "ratios are lower (chapter 07 prints both)" if slower else "") + (
-                "; a lower eager per layer whose slope's sample range reaches zero is no candidate (it shows no "
+                "; a lower eager per layer whose slope's sample range does not lie above zero is no candidate (it shows no "
                 f"implementation faster): {', '.join(passed)}" if passed else ""))
 
 
