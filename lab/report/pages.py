@@ -256,9 +256,8 @@ def eager_bf16_text(r: dict) -> str:
             + (f" ({', '.join(impls)}" + (f"; transformers' {', '.join(unrun)} experts implementation was not run"
                                           if unrun else "") + ")" if impls else "")
             + " whose slope's sample range lies above zero (named)" + (
-                f"; transformers' default ({'/'.join(sorted(dflts))}) is slower eager in this run in {slower} of the {shown} "
-                f"rows "
-                f"with an eager ratio ({beyond} of them beyond both slopes' sample ranges), and against it those "
+                f"; transformers' default ({'/'.join(sorted(dflts))}) is slower eager in this run in {slower} of "
+                f"the {shown} rows with an eager ratio ({beyond} of them beyond both slopes' sample ranges), and against it those "
                 "ratios are lower (chapter 07 prints both)" if slower else "") + (
                 "; a lower eager per layer whose slope's sample range does not lie above zero is no candidate (it shows no "
                 f"implementation faster): {', '.join(passed)}" if passed else ""))
