@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .decode_step import ORDER, _row, breakdown, first_case, our_kernels, slope_range, span_text, spread, step_range
+from .decode_step import (ORDER, _row, breakdown, eager_ratio, first_case, our_kernels, slope_range, span_text, spread,
+                          step_range)
 
 INT4_STATES = ("int4", "int4_fused", "int4_fused2")
 
@@ -111,6 +112,25 @@ def run_to_run(rec: dict, path: Path, commit: str = REPLACED) -> dict:
         for kind, name, v, w in pairs:
             m, n, miss = out.get(kind, (0.0, 0, []))
             out[kind] = (m, n, miss + [name]) if not w else (max(m, abs(v / w - 1)), n + 1, miss)
+    return out
+
+
+def eager_run_to_run(rec: dict, path: Path, commit: str = REPLACED) -> dict:
+    """The eager ratios over bf16's default experts implementation (`eager_ratio`) in this receipt and in the version
+    at `commit` where card, torch and transformers match: {(model, "B<b> C<c>", state): (this, that)} for each int4
+    state whose ratio is decided in both. Each range holds only its run's own samples; {} without that version."""
+    from .history import receipt_at
+    old, out = receipt_at(path, commit), {}
+    if old is None or _setup(old) != _setup(rec):
+        return out
+    for arch, a in rec["archs"].items():
+        o = old["archs"].get(arch)
+        for key in (a["summary"] if o else ()):
+            b, c = (int(x[1:]) for x in key.split())
+            for st in INT4_STATES:
+                e, f = eager_ratio(a, st, b, c), eager_ratio(o, st, b, c)
+                if e["decided"] and f["decided"]:
+                    out[(arch, key, st)] = (e, f)
     return out
 
 

@@ -256,8 +256,8 @@ def eager_bf16_text(r: dict) -> str:
             + (f" ({', '.join(impls)}" + (f"; transformers' {', '.join(unrun)} experts implementation was not run"
                                           if unrun else "") + ")" if impls else "")
             + " whose slope's sample range lies above zero (named)" + (
-                f"; transformers' default ({'/'.join(sorted(dflts))}) is slower eager in {slower} of the {shown} rows "
-                f"with an eager ratio ({beyond} of them beyond both slopes' sample ranges), and against it those "
+                f"; transformers' default ({'/'.join(sorted(dflts))}) is slower eager in this run in {slower} of "
+                f"the {shown} rows with an eager ratio ({beyond} of them beyond both slopes' sample ranges), and against it those "
                 "ratios are lower (chapter 07 prints both)" if slower else "") + (
                 "; a lower eager per layer whose slope's sample range does not lie above zero is no candidate (it shows no "
                 f"implementation faster): {', '.join(passed)}" if passed else ""))
@@ -302,7 +302,10 @@ def decode_step_table(receipts=RECEIPTS) -> str:
                 f"Parts that failed (their errors are in the receipt): {errs}. " if errs else "") +
                 "Eager column: per layer = step(2 layers) − step(1 layer) from the run's eager samples, with the range "
                 "they allow (min step(2) − max step(1) to max step(2) − min step(1)); undecided where that range "
-                "reaches zero; a ratio whose range contains 1 does not say which eager step is faster; "
+                "reaches zero; the range holds only the spread of the run's own host-timed samples, not run-to-run "
+                "noise, so a ratio whose range contains 1 does not say which eager step is faster, and one whose range "
+                "excludes 1 says so for this run only (chapter 07's claim 12 sets them beside the run this receipt "
+                "replaced); "
                 + eager_bf16_text(r) + ". " + compiled_bf16_text(r) + " A batch of 16 is 16 "
                 "identical sequences "
                 "(every row starts from the same token over the "

@@ -254,6 +254,33 @@ def test_run_to_run_names_the_rows_the_older_version_lacks(monkeypatch):
     assert tg.run_to_run(new, None) == {}                                   # another setup: not the same run
 
 
+def test_eager_run_to_run_pairs_the_ratios_decided_in_both(monkeypatch):
+    """The eager ratios over bf16's default experts implementation, this receipt's beside the older version's, for
+    the states decided in both; each range from its own run's samples; {} for another setup."""
+    from lab.chapters import decode_targets as tg, history
+
+    def eager(st, impl, s1, s2):
+        return {"state": st, "impl": impl, "run": "eager", "batch": 1, "context": 256, "per_layer_us": min(s2) - min(s1),
+                "samples_us": {"1": s1, "2": s2}, "fixed_us": 0.0, "tokens_per_s": 1.0, "full_layers": 16}
+    prov = {"provenance": {"device": "H100", "torch": "2"}, "transformers": "5"}
+    new = {**_target_rec(True, rows=[eager("int4", None, [10.0, 11.0], [30.0, 31.0]),
+                                     eager("int4_fused2", None, [10.0, 40.0], [20.0, 21.0]),
+                                     eager("bf16", "grouped_mm", [10.0, 11.0], [20.0, 21.0])]), **prov}
+    old = {**_target_rec(True, rows=[eager("int4", None, [10.0, 11.0], [15.0, 16.0]),
+                                     eager("int4_fused2", None, [10.0, 11.0], [15.0, 16.0]),
+                                     eager("bf16", "grouped_mm", [10.0, 11.0], [20.0, 21.0])]), **prov}
+    for rec in (new, old):
+        rec["archs"]["olmoe"]["default_experts_impl"] = "grouped_mm"
+    monkeypatch.setattr(history, "receipt_at", lambda path, commit: old)
+    pairs = tg.eager_run_to_run(new, None)
+    assert list(pairs) == [("olmoe", "B1 C256", "int4")]                    # int4_fused2's new slope reaches zero
+    (e, f), = pairs.values()
+    assert e["value"] == 2.0 and e["range"] == (19.0 / 11.0, 21.0 / 9.0)
+    assert f["value"] == 0.5 and f["range"] == (4.0 / 11.0, 6.0 / 9.0)
+    monkeypatch.setattr(history, "receipt_at", lambda path, commit: {**old, "transformers": "4"})
+    assert tg.eager_run_to_run(new, None) == {}
+
+
 def test_targets_say_not_measured_and_undecided_where_the_receipt_cannot_decide():
     """A case the run skipped is "not measured" with the skipped parts named; a slope whose samples' range reaches
     zero, or a value within its samples' spread of the bound, is undecided, never a verdict."""
