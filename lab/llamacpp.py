@@ -15,8 +15,9 @@ Arms:
           llama.cpp's KV cache set to F32 too, so only float32 rounding differs: summation order and
           the engines' own elementwise functions, not separated);
   rtn/gptq the quantised model (W4A8: activations quantised per 32 to int8, float32 scale, each
-          projection's output rounded to bf16) vs its Q4_0 GGUF (llama.cpp's CPU path quantises
-          activations to Q8_0 per 32 with an fp16 scale and keeps float32 outputs).
+          projection's output and the MoE block's combined output rounded to bf16) vs its Q4_0 GGUF
+          (llama.cpp's CPU path quantises activations to Q8_0 per 32 with an fp16 scale and keeps the
+          projection outputs and the expert combine in float32).
 For each arm: both perplexities, the relative difference with a paired bootstrap CI over documents,
 the |delta log-prob| of the scored tokens (max, mean) and the top-1 agreement of the two engines.
 """
@@ -370,8 +371,9 @@ def arm_result(cmp: dict, groups: torch.Tensor | None = None) -> dict:
 # ----------------------------------------------------------------------------------------------------
 # The judge
 
-# the two halves of llama.cpp's numerics, one at a time (`llamacpp_numerics`): which changes, alone and together,
-# close the gap (not a split into shares)
+# the two halves of llama.cpp's numerics, one at a time (`llamacpp_numerics`): the fp16 activation scale, and float32
+# outputs (projections and expert combine together, not separated); which changes, alone and together, close the
+# gap (not a split into shares)
 DECOMPOSITION = {"llamacpp_numerics": ("q8_0", "fp32"),
                  "fp16_activation_scale_only": ("q8_0", "bf16"),
                  "fp32_outputs_only": ("ours", "fp32")}
