@@ -217,7 +217,7 @@ def slope_range(row) -> tuple[float, float]:
 def step_range(row) -> tuple[float, float]:
     """(lowest, highest) step at the published depth L the samples allow: step(lo) + (L - lo) x per layer, with
     step(lo) and per layer taken at opposite ends of their samples (the pairing `slope_range` uses): the range of the
-    extrapolated step itself, not the per-layer spread (`spread`), which a step of many layers dilutes."""
+    extrapolated step itself, not the per-layer spread (`spread`), which the step's fixed part, carrying no per-layer spread, narrows."""
     lo, hi, s1, s2 = _depths(row)
     k = (row["full_layers"] - lo) / (hi - lo)       # step(L) = (1 - k) step(lo) + k step(hi), k >= 1
     return (1 - k) * max(s1) + k * min(s2), (1 - k) * min(s1) + k * max(s2)

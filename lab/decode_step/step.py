@@ -11,9 +11,10 @@ Shape legend: B = batch (sequences), C = context (KV positions the static cache 
     compiled_layers(model)      every decoder layer torch.compile'd (inductor; one compile serves all layers)
     greedy(model, prompt, n)    n greedy tokens after a prefill, eager or replayed from one graph
 
-Positions: the cache holds C positions and a step's attention reads all of them (a static cache's attention
-reads the whole buffer; the mask hides the unwritten part), so what a step reads does not depend on where it
-writes. Timed steps write at positions C - HEADROOM .. C - 1; the position is reset before each sample.
+Positions: the cache holds C positions; transformers' attention over a static cache reads the whole buffer (the
+mask hides the unwritten part), so what its step reads does not depend on where it writes, while int4_fused2's
+attention launch reads only the slots up to the position. Timed steps write within C - HEADROOM .. C - 1 (where in
+that window depends on the warm-up and replay counts); the position is reset before each sample.
 The mask is built inside the step from the position tensor (a [B, 1, 1, C] boolean, passed as the model's 4-D
 attention mask, which transformers uses as it is): no host read-back, so the step can be captured.
 """

@@ -217,14 +217,14 @@ def compiled_bf16_text(r: dict) -> str:
             best = (a.get("summary", {}).get(f"B{b} C{c}") or {}).get("best_bf16") or {}
             slower += [] if best.get("run") == "compiled" else [f"{arch} at batch {b}, context {c}"]
     if not cases:
-        return ("Best bf16 measured: the best of eager and graphed (the receipt compiled no bf16), so the tokens/s "
+        return ("Best bf16 measured: graphed bf16 (the receipt compiled no bf16; eager is not a candidate), so the tokens/s "
                 "ratios would likely be lower against a compiled bf16.")
     where = "; ".join(f"{' and '.join(archs)} at batch {b}, context {c}" for (b, c), archs in sorted(cases.items()))
     made = ("where compiling made it the fastest bf16" if not slower else
             f"where compiling made it the fastest bf16 but for {', '.join(slower)}")
     return (f"Best bf16 measured: bf16 was compiled only for {where}, {made}"
             + (f" ({' and '.join(none)}: no compiled bf16 row in this receipt)" if none else "")
-            + "; in every other row it is the best of eager and graphed, so those tokens/s ratios would likely be "
+            + "; in every other row it is graphed bf16 (the faster experts implementation graphed; eager is not a candidate), so those tokens/s ratios would likely be "
               "lower against a compiled bf16.")
 
 
