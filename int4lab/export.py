@@ -240,7 +240,8 @@ def read_tokenizer(tokenizer_dir=None):
 def add_tokenizer(writer, tokenizer_dir=None, add_bos: bool = True) -> None:
     """Our byte-level BPE (tokenizer.json) as a gpt2-style vocabulary: tokens, types, merges, specials. llama.cpp's
     `gpt-2` pre-tokeniser is the regex of HF's ByteLevel(use_regex=True). add_bos: llama.cpp prepends <|bos|> when it
-    tokenises a prompt (the models saw one at the start of every document)."""
+    tokenises a prompt, matching the <|bos|> + text windows that lab.llamacpp scores (in training the models saw a
+    single <|bos|>, at the start of the training stream)."""
     import gguf
     path, tj, vocab, specials, n = read_tokenizer(tokenizer_dir)
     tokens = [f"[PAD{i}]" for i in range(n)]

@@ -348,7 +348,10 @@ def paired_bootstrap(nll_a: torch.Tensor, nll_b: torch.Tensor, reps: int = BOOTS
 # +-EQUIV_MARGIN: a quarter of the gate's 1 % perplexity budget (chapter 04), so that an engine difference inside it
 # is small next to the budget the arms are judged by. It was fixed after the first llama.cpp receipts had been
 # read, so it is not a pre-registered margin; the CIs the receipts record are the measurement. A CI that contains 0
-# but crosses the margin is no evidence of agreement.
+# but crosses the margin is no evidence of agreement. Nor is the margin small next to the quantisation effect itself:
+# where our quantised model's ppl differs from our source model's by less than the margin, a CI inside it would also
+# hold llama.cpp reproducing the unquantised model; there only the CI's own width, the per-token agreement and the
+# emulation of llama.cpp's numerics show which model it reproduces.
 EQUIV_MARGIN = 0.0025
 
 
