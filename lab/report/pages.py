@@ -112,7 +112,8 @@ def _not_yet(name: str, module: str, stage: str) -> str:
 
 # Real-width runs whose measured code has changed since, shown as the commit that measured them holds them (the
 # tree keeps only receipts of its own code): the full-depth OLMoE gate, measured before the gate's calibration
-# length default was cut to the calibration set (OLMoE's 4,096-token context is below it, so its arms are the same).
+# length default was cut to the calibration set (OLMoE's 4,096-token context is below it, so its arms are the same)
+# and two of its messages were reworded; the block names the files that differ.
 REALSCALE_HISTORY = (("data/receipts/realscale_gate_full_olmoe_h100.json",
                       "7204c6c26ceb7bbf8973778e187b31cf261a59cc"),)
 REL = "data/receipts"
@@ -124,7 +125,8 @@ def realscale_table(receipts=RECEIPTS) -> str:
     fitted as fixed + layers x per_layer and taken to the published depth (the arithmetic in the receipt), against
     the targets. Then the many-row scoring path's bench (`prefill_*.json`). "not yet measured" without receipts."""
     found = [(p, r, p.with_suffix(".log").read_text(encoding="utf-8", errors="replace")
-              if p.with_suffix(".log").exists() else None, None) for p, r in _receipts("realscale_gate_*.json", receipts)]
+              if p.with_suffix(".log").exists() else None, None)
+             for p, r in _receipts("realscale_gate_*.json", receipts)]
     for rel, commit in REALSCALE_HISTORY if Path(receipts) == RECEIPTS else ():
         path = ROOT / rel
         if not path.exists() and (r := receipt_at(path, commit)) is not None:
@@ -183,9 +185,8 @@ def realscale_table(receipts=RECEIPTS) -> str:
                 lines = [lines[0].replace("stopped before every depth ran", "stopped before any depth finished")
                          .replace("; the rows below are the depths that finished.", ".")]   # no table to show
             if r.get("complete") is False and log is not None:
-                told = summary_text(path.with_suffix(".log"), log)
-                lines += ["", told if commit is None else told.replace(
-                    f"`{REL}/{path.with_suffix('.log').name}`", f"`git show {commit[:12]}:{REL}/{path.with_suffix('.log').name}`")]
+                shown = None if commit is None else f"git show {commit[:12]}:{REL}/{path.with_suffix('.log').name}"
+                lines += ["", summary_text(path.with_suffix(".log"), log, shown)]
             out.append("\n".join(lines))
     for path in sorted(Path(receipts).glob("prefill_*.json")):
         with reading(path):
@@ -217,22 +218,22 @@ def compiled_bf16_text(r: dict) -> str:
             best = (a.get("summary", {}).get(f"B{b} C{c}") or {}).get("best_bf16") or {}
             slower += [] if best.get("run") == "compiled" else [f"{arch} at batch {b}, context {c}"]
     if not cases:
-        return ("Best bf16 measured: graphed bf16 (the receipt compiled no bf16; eager is not a candidate), so the tokens/s "
-                "ratios would likely be lower against a compiled bf16.")
+        return ("Best bf16 measured: graphed bf16 (the receipt compiled no bf16; eager is not a candidate), so the "
+                "tokens/s ratios would likely be lower against a compiled bf16.")
     where = "; ".join(f"{' and '.join(archs)} at batch {b}, context {c}" for (b, c), archs in sorted(cases.items()))
     made = ("where compiling made it the fastest bf16" if not slower else
             f"where compiling made it the fastest bf16 but for {', '.join(slower)}")
     return (f"Best bf16 measured: bf16 was compiled only for {where}, {made}"
             + (f" ({' and '.join(none)}: no compiled bf16 row in this receipt)" if none else "")
-            + "; in every other row it is graphed bf16 (the faster experts implementation graphed; eager is not a candidate), so those tokens/s ratios would likely be "
-              "lower against a compiled bf16.")
+            + "; in every other row it is graphed bf16 (the faster experts implementation graphed; eager is not a "
+              "candidate), so those tokens/s ratios would likely be lower against a compiled bf16.")
 
 
 def eager_bf16_text(r: dict) -> str:
     """The decode-step table's note on its eager column's bf16 (`eager_ratio(..., fastest=True)`): which experts
     implementation it is, in how many rows with an eager ratio transformers' default is slower eager (and in how many
     of them beyond both slopes' sample ranges), and which lower eager per-layer values were no candidate because
-    their slope's sample range reaches zero."""
+    their slope's sample range does not lie above zero."""
     slower, beyond, shown, passed, dflts = 0, 0, 0, [], set()
     for arch, a in r.get("archs", {}).items():
         dflt = a.get("default_experts_impl")
@@ -257,10 +258,10 @@ def eager_bf16_text(r: dict) -> str:
                                           if unrun else "") + ")" if impls else "")
             + " whose slope's sample range lies above zero (named)" + (
                 f"; transformers' default ({'/'.join(sorted(dflts))}) is slower eager in this run in {slower} of "
-                f"the {shown} rows with an eager ratio ({beyond} of them beyond both slopes' sample ranges), and against it those "
-                "ratios are lower (chapter 07 prints both)" if slower else "") + (
-                "; a lower eager per layer whose slope's sample range does not lie above zero is no candidate (it shows no "
-                f"implementation faster): {', '.join(passed)}" if passed else ""))
+                f"the {shown} rows with an eager ratio ({beyond} of them beyond both slopes' sample ranges), and "
+                "against it those ratios are lower (chapter 07 prints both)" if slower else "") + (
+                "; a lower eager per layer whose slope's sample range does not lie above zero is no candidate (it "
+                f"shows no implementation faster): {', '.join(passed)}" if passed else ""))
 
 
 def decode_step_table(receipts=RECEIPTS) -> str:
