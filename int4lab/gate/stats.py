@@ -19,9 +19,9 @@ with its CI, reported beside every verdict, is how far it moved either way.
 
 Calibration (is GPTQ's paired change against round-to-nearest beyond what a dithered re-rounding, a lottery
 ticket, gives?) is a test with a stated error rate: CALIBRATION_RULE, `calibration_judgement`. Its null is that a
-draw is exchangeable with the tickets at their dither amplitude; the rule text's gloss "calibration buys nothing
-beyond rounding luck" is broader: a draw that gains nothing but moves more codes than the dither spreads wider,
-and the test calls such draws helpful more often than alpha. The rounding band of the lottery tickets is drawn
+draw is exchangeable with the tickets at their dither amplitude, which is narrower than "calibration buys nothing
+beyond rounding luck": a draw that gains nothing but moves more codes than the dither spreads wider, and the test
+calls such draws helpful more often than alpha (the rule text says so). The rounding band of the lottery tickets is drawn
 with the uncertainty of its own edges (`rounding_band`).
 """
 from __future__ import annotations
@@ -174,8 +174,9 @@ ALPHA = 0.05            # the calibration test's error rate
 CALIBRATION_RULE = (
     "Per text, each arm's figure is x = log(ppl_arm / ppl_RTN): the token-weighted mean of its per-document paired "
     "nll differences to the round-to-nearest twin, on the same documents. Null hypothesis for a calibration draw: "
-    "it is exchangeable with the lottery tickets (dithered round-to-nearest re-packs), i.e. calibration buys "
-    "nothing beyond rounding luck. Test: the prediction t statistic t = (x_draw - mean x_tickets) / "
+    "it is exchangeable with the lottery tickets (dithered round-to-nearest re-packs). This is narrower than "
+    "'calibration buys nothing beyond rounding luck': a draw that gains nothing but moves more codes than the "
+    "dither may spread wider than a ticket, and the test then calls it helpful more often than alpha. Test: the prediction t statistic t = (x_draw - mean x_tickets) / "
     "(sd x_tickets * sqrt(1 + 1/K)) over K tickets, Student t with K - 1 degrees of freedom (tickets' x normal); "
     "one-sided p_helps = P(T <= t), p_hurts = P(T >= t). A draw HELPS on a text when p_helps <= alpha. "
     "ACCEPTED: every draw helps on every text (intersection-union test: if any draw on any text is "
