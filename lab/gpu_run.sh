@@ -15,7 +15,8 @@
 #   gate     the README's gate command on truncated-depth synthetic OLMoE checkpoints (lab.realscale_gate)
 #   gate_full  the README's gate command on a synthetic OLMoE at its published 16 layers, every default arm, no fit
 #            (checkpoint in /dev/shm; GATE_S caps it), after the dither's CUDA-vs-CPU test and a ticket's pack
-#            time beside round-to-nearest's (dither_cuda_<card>.txt)
+#            time beside round-to-nearest's (dither_cuda_<card>.txt; FULL_DITHER=0 skips them); FULL_WARM=1 runs the
+#            small unmeasured gate first (--warmup-full: a second run's time, the kernels compiled)
 #   gate_fit the README's gate command on synthetic Qwen3-30B-A3B and Mixtral-8x7B at 1, 2 and 3 layers, one card
 #            plus the host (--device-map auto --max-memory), quick settings taken to the defaults and fitted to full
 #            depth (FIT_S caps each architecture, FIT_LAYERS, FIT_ARGS, FIT_MEMORY override)
@@ -111,13 +112,15 @@ if has gate; then
     | grep --line-buffered -v "Writing model shards\|Loading weights" | tail -30
 fi
 if has gate_full; then
-  stage "dither on CUDA against the CPU"
-  timeout 45 python3 -m pytest -q -p no:cacheprovider tests/lib/test_dither.py 2>&1 | tee "$OUT/dither_cuda_$card.txt" | tail -2
-  timeout 40 python3 -m lab.bench.pack --device cuda --impls rtn rtn_dithered --repeats 5 --no-write 2>&1 \
-    | tee -a "$OUT/dither_cuda_$card.txt" | tail -4
+  if [ "${FULL_DITHER:-1}" = 1 ]; then
+    stage "dither on CUDA against the CPU"
+    timeout 45 python3 -m pytest -q -p no:cacheprovider tests/lib/test_dither.py 2>&1 | tee "$OUT/dither_cuda_$card.txt" | tail -2
+    timeout 40 python3 -m lab.bench.pack --device cuda --impls rtn rtn_dithered --repeats 5 --no-write 2>&1 \
+      | tee -a "$OUT/dither_cuda_$card.txt" | tail -4
+  fi
   stage "gate at full depth: OLMoE 16 layers"
   rm -rf /dev/shm/rsg_full
-  timeout ${GATE_S:-480} python3 -m lab.realscale_gate --arch olmoe --full --workdir /dev/shm/rsg_full \
+  timeout ${GATE_S:-480} python3 -m lab.realscale_gate --arch olmoe --full ${FULL_WARM:+--warmup-full} --workdir /dev/shm/rsg_full \
     --out "$OUT/realscale_gate_full_olmoe_$card.json" 2>&1 | grep --line-buffered -v "Writing model shards\|Loading weights" \
     | tee "$OUT/realscale_gate_full_olmoe_$card.gate.txt" | tail -30
   rm -rf /dev/shm/rsg_full

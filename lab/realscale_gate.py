@@ -26,7 +26,8 @@ On one GPU without a device map the full-depth memory is predicted from the fitt
 group rule (`predict_groups`): how many arms a group holds on the card, the groups, the peak, and the extra
 source forwards the groups cost. "gate / forwards" is the gate's wall time over the time inside the forwards
 it ran (scoring, floor and GPTQ calibration); its target is <= 1.5.
-Full mode (--full): one run at the published depth, no warm-up (a user's run pays compilation too), reporting
+Full mode (--full): one run at the published depth, no warm-up (a user's first run pays compilation too; with
+--warmup-full the small gate runs first, as a second run on the same machine finds the kernels compiled), reporting
 wall time with the checkpoint write, peaks, time by phase and gate / forwards beside an earlier fit's prediction
 (`realscale_predict.earlier_fit`).
 
@@ -286,6 +287,9 @@ def parser() -> argparse.ArgumentParser:
                          "lab.realscale_predict), e.g. '--max-docs 20 --lottery 1'")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false",
                     help="skip the small unmeasured gate before each architecture's first depth")
+    ap.add_argument("--warmup-full", action="store_true",
+                    help="--full: run the small unmeasured gate first too (a second run's time: kernels compiled; "
+                         "without it the measured run pays compilation, as a first run on a fresh machine does)")
     return ap
 
 
@@ -315,6 +319,8 @@ def check_args(args) -> list:
         if bad:
             raise ValueError(f"--layers must be in [1, {FULL_LAYERS[arch]}] for {arch}, got {bad}")
         out[arch] = layers
+    if args.warmup_full and not args.full:
+        raise ValueError("--warmup-full: only with --full (fit mode warms up before each architecture's first depth)")
     if args.max_memory and not args.device_map:
         raise ValueError("--max-memory: needs --device-map (accelerate places the layers by it)")
     check_settings(device=args.device, device_map=args.device_map, max_memory=args.max_memory)
@@ -351,6 +357,8 @@ def main(argv=None) -> int:
     settings = {"readme_flags": README_FLAGS, "gate_args": extra, "width": args.width, "device": args.device,
                 "device_map": args.device_map, "max_memory": args.max_memory, "card_bytes": card,
                 "mode": "full depth" if args.full else "fit",
+                "warmup": ("before the run" if args.warmup_full else "none") if args.full else
+                ("before each architecture's first depth" if args.warmup else "none"),
                 "targets": {"gate_s": TARGET_S, "gate_over_forwards": TARGET_RATIO},
                 "extrapolation": "q = fixed + layers x per_layer through the measured depths (least squares)"}
     payload = {"settings": settings, "complete": False, "archs": {}}   # complete: set once every depth ran
@@ -372,7 +380,8 @@ def main(argv=None) -> int:
                         continue
                 log(f"== {arch}: {L} of {FULL_LAYERS[arch]} layers, {args.width} width")
                 rec = measure_depth(arch, L, args.workdir, args.width, args.device, args.device_map, args.max_memory,
-                                    extra, log, warmup=args.warmup and not args.full and prev is None, predict=predict)
+                                    extra, log, warmup=prev is None and (args.warmup_full if args.full
+                                                                             else args.warmup), predict=predict)
                 a["depths"][str(L)] = rec
                 failed += "error" in rec
                 if rec.get("gate"):

@@ -39,7 +39,7 @@ from .figures import (  # noqa: F401
     plot_moe_tokens)
 from .pages import (  # noqa: F401
     replace_block, rewrite_readme, RESULTS_START, RESULTS_END, train_table, gate_table, pack_table, REALSCALE_START,
-    REALSCALE_END, realscale_table, DECODE_STEP_START, DECODE_STEP_END, decode_step_table,
+    REALSCALE_END, realscale_table, warmup_text, DECODE_STEP_START, DECODE_STEP_END, decode_step_table,
     render_results, TARGETS_START, TARGETS_END, MISSES_START, MISSES_END, LAYOUT_START, LAYOUT_END,
     misses_block)
 from .layout import (  # noqa: F401

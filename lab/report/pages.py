@@ -119,6 +119,16 @@ REALSCALE_HISTORY = (("data/receipts/realscale_gate_full_olmoe_h100.json",
 REL = "data/receipts"
 
 
+def warmup_text(r: dict) -> str:
+    """Whether the measured gate ran after an unmeasured small one (kernels compiled) or paid compilation itself."""
+    w = r["settings"].get("warmup")
+    if w is None:
+        return ("no warm-up (the measured run pays kernel compilation)" if r["settings"].get("mode") == "full depth"
+                else "an unmeasured warm-up gate before each architecture's first depth")
+    return "no warm-up (the measured run pays kernel compilation)" if w == "none" else (
+        f"an unmeasured warm-up gate {w} (twenty documents, one arm per scheme and target: kernels compiled)")
+
+
 def realscale_table(receipts=RECEIPTS) -> str:
     """The README's gate command at the published width (`python -m lab.realscale_gate`): per architecture and
     measured depth, the gate's wall time, the time inside its forwards, its peaks and verdicts; then each quantity
@@ -144,7 +154,7 @@ def realscale_table(receipts=RECEIPTS) -> str:
             lines = [("" if r.get("complete") is not False else
                       f"**Partial run: `{path.name}` stopped before every depth ran** ({why}); the rows below are "
                       "the depths that finished.\n\n") + f"`data/receipts/{path.name}`{where} ({_prov(r)}; "
-                     f"`{portable_command(r['provenance'].get('command'))}`):", "",
+                     f"`{portable_command(r['provenance'].get('command'))}`; {warmup_text(r)}):", "",
                      "| model | layers | gate | build arms (by kind, s) | score | inside forwards | gate / forwards | GPU peak | "
                      "host peak | arms in groups | verdicts |", "|---|---|---|---|---|---|---|---|---|---|---|"]
             for arch, a in sorted(r.get("archs", {}).items()):

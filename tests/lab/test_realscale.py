@@ -9,7 +9,7 @@ import torch
 
 from int4lab import gate
 from lab.bench import shapes
-from lab import realscale
+from lab import realscale, report
 from lab import synth
 
 from test_gate import short_documents
@@ -299,6 +299,7 @@ def test_realscale_gate_argument_checks():
                       (("--arch", "olmoe"), "give the depths to measure"),
                       (("--arch", "olmoe", "mixtral", "--layers", "2", "20"), r"in \[1, 16\] for olmoe"),
                       (("--arch", "olmoe", "--layers", "1", "2", "--max-memory", "0=1GiB"), "needs --device-map"),
+                      (("--arch", "olmoe", "--layers", "1", "2", "--warmup-full"), "only with --full"),
                       (("--arch", "olmoe", "--layers", "1", "2", "--gate-args=--no-such-flag"), "not flags the gate takes")):
         with pytest.raises(ValueError, match=msg):
             rg.check_args(_args(*argv))
@@ -360,19 +361,27 @@ def test_realscale_gate_full_depth_on_the_cpu(tmp_path, monkeypatch):
     monkeypatch.setitem(rg.FULL_LAYERS, "olmoe", 2)         # "published depth" 2: the same path, CPU-sized
 
     out, work = tmp_path / "full.json", tmp_path / "w"
-    rc = rg.main(["--arch", "olmoe", "--full", "--width", "tiny", "--workdir", str(work), "--out", str(out),
-                  "--gate-args=--texts ood --max-docs 20 --lottery 1 --calib-draws 1 --boot 100 --parity-steps 0 "
-                  "--calib-tokens 512 --min-rows 4 --no-floor"])
+    gate_args = ("--gate-args=--texts ood --max-docs 20 --lottery 1 --calib-draws 1 --boot 100 --parity-steps 0 "
+                 "--calib-tokens 512 --min-rows 4 --no-floor")
+    rc = rg.main(["--arch", "olmoe", "--full", "--width", "tiny", "--workdir", str(work), "--out", str(out), gate_args])
     assert rc == 0
-    a = json.loads(out.read_text())["archs"]["olmoe"]
+    r = json.loads(out.read_text())
+    a = r["archs"]["olmoe"]
     f = a["full"]
     assert list(a["depths"]) == ["2"] and "warmup" not in a["depths"]["2"] and "extrapolation" not in a
+    assert r["settings"]["warmup"] == "none" and "pays kernel compilation" in report.warmup_text(r)
     assert f["arms"] == {"rtn": 2, "lottery": 2, "gptq": 2} and f["wall_s"] == pytest.approx(
         f["checkpoint_s"] + f["gate_s"])
     assert f["phases"]["gptq_sweep_s"] > 0 and f["gate_over_forwards"] > 1 and f["host_peak_bytes"] > 0
     assert a["depths"]["2"]["defaults"]["arms"] == {"rtn": 2, "lottery": 32, "gptq": 6}
     assert (f["earlier_fit"] is None) == (rp.earlier_fit(None, "olmoe") is None)
     assert list(work.iterdir()) == []
+    warm = tmp_path / "warm.json"           # --warmup-full: the small gate first, recorded beside the measured one
+    assert rg.main(["--arch", "olmoe", "--full", "--warmup-full", "--width", "tiny", "--workdir", str(work),
+                    "--out", str(warm), gate_args]) == 0
+    r = json.loads(warm.read_text())
+    assert r["settings"]["warmup"] == "before the run" and r["archs"]["olmoe"]["depths"]["2"]["warmup"]["rc"] == 0
+    assert "kernels compiled" in report.warmup_text(r)
 
 
 def test_a_stopped_run_log_is_summarised_from_its_lines(tmp_path):
