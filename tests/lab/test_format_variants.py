@@ -75,6 +75,9 @@ def test_mean_ci():
     assert m == 2.5 and h == pytest.approx(3.182 * float(torch.tensor([1.0, 2, 3, 4]).std()) / 2)
     with pytest.raises(ValueError, match="at least 2"):
         fv.mean_ci([1.0])
+    for df, t in ((11, 2.2010), (12, 2.1788), (20, 2.0860), (30, 2.0423), (120, 1.9799)):   # Student t tables
+        v = torch.tensor([0.0, 1.0] * ((df + 1) // 2) + [0.5] * ((df + 1) % 2), dtype=torch.float64)
+        assert fv.mean_ci(v.tolist())[1] * (df + 1) ** 0.5 / float(v.std()) == pytest.approx(t, abs=1.5e-3)
 
 
 def test_bad_inputs():
