@@ -16,7 +16,8 @@
 #   gate_full  the README's gate command on a synthetic OLMoE at its published 16 layers, every default arm, no fit
 #            (checkpoint in /dev/shm; GATE_S caps it), after the dither's CUDA-vs-CPU test and a ticket's pack
 #            time beside round-to-nearest's (dither_cuda_<card>.txt; FULL_DITHER=0 skips them); FULL_WARM=1 runs the
-#            small unmeasured gate first (--warmup-full: a second run's time, the kernels compiled)
+#            small unmeasured gate first (--warmup-full: a second run's time, the kernels compiled); FULL_ALLOC_CONF
+#            sets PYTORCH_CUDA_ALLOC_CONF for it (e.g. expandable_segments:True); the allocator's retries are logged
 #   gate_fit the README's gate command on synthetic Qwen3-30B-A3B and Mixtral-8x7B at 1, 2 and 3 layers, one card
 #            plus the host (--device-map auto --max-memory), quick settings taken to the defaults and fitted to full
 #            depth (FIT_S caps each architecture, FIT_LAYERS, FIT_ARGS, FIT_MEMORY override)
@@ -120,6 +121,7 @@ if has gate_full; then
   fi
   stage "gate at full depth: OLMoE 16 layers"
   rm -rf /dev/shm/rsg_full
+  PYTORCH_CUDA_ALLOC_CONF=${FULL_ALLOC_CONF:-${PYTORCH_CUDA_ALLOC_CONF:-}} \
   timeout ${GATE_S:-480} python3 -m lab.realscale_gate --arch olmoe --full ${FULL_WARM:+--warmup-full} --workdir /dev/shm/rsg_full \
     --out "$OUT/realscale_gate_full_olmoe_$card.json" 2>&1 | grep --line-buffered -v "Writing model shards\|Loading weights" \
     | tee "$OUT/realscale_gate_full_olmoe_$card.gate.txt" | tail -30

@@ -43,6 +43,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import shlex
 import shutil
 import signal
@@ -229,8 +230,9 @@ def measure_depth(arch: str, layers: int, workdir, width: str, device: str, devi
         argv = gate_argv(ckpt, tmp / "gate.json", device, device_map, max_memory, extra)
         rec["command"] = "python -m int4lab.gate " + " ".join(shlex.quote(a) for a in argv)
         g = {}
-        with phase(g), contextlib.redirect_stdout(io.StringIO()) as table:
+        with phase(g), contextlib.redirect_stdout(io.StringIO()) as table, allocator_trace(log) as alloc:
             rc = gate.main(argv)
+        g["allocator"] = alloc
         if rc != 0:
             raise RuntimeError(f"the gate returned {rc}")
         g.update(summarise(json.loads((tmp / "gate.json").read_text())))
@@ -254,6 +256,44 @@ def measure_depth(arch: str, layers: int, workdir, width: str, device: str, devi
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return rec
+
+
+@contextlib.contextmanager
+def allocator_trace(log, every_s: float = 20.0):
+    """Yields a dict that ends as torch's CUDA allocator counters over the block (retries: cudaMalloc failed and the
+    cache was flushed to retry, the cost of a fragmented pool); meanwhile logs them every `every_s` seconds, so a
+    run stopped by a timeout still shows them. Empty without CUDA."""
+    out: dict = {}
+    if not torch.cuda.is_available():
+        yield out
+        return
+    import threading
+
+    def now() -> dict:
+        m = torch.cuda.memory_stats()
+        return {"alloc_retries": m.get("num_alloc_retries", 0), "ooms": m.get("num_ooms", 0),
+                "reserved_bytes": m.get("reserved_bytes.all.current", 0),
+                "allocated_bytes": m.get("allocated_bytes.all.current", 0)}
+
+    start, stop, t0 = now(), threading.Event(), time.time()
+
+    def watch():
+        while not stop.wait(every_s):
+            c = now()
+            log(f"allocator at {time.time() - t0:.0f} s: {c['alloc_retries'] - start['alloc_retries']} retries, "
+                f"reserved {c['reserved_bytes'] / 2 ** 30:.1f} GiB, allocated {c['allocated_bytes'] / 2 ** 30:.1f} GiB")
+
+    th = threading.Thread(target=watch, daemon=True)
+    th.start()
+    try:
+        yield out
+    finally:
+        stop.set()
+        th.join()
+        end = now()
+        out.update({"alloc_retries": end["alloc_retries"] - start["alloc_retries"],
+                    "ooms": end["ooms"] - start["ooms"],
+                    "conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or "default"})
 
 
 def write(path, payload: dict, command: str) -> None:
