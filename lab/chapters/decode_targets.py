@@ -191,10 +191,30 @@ def targets(rec: dict) -> list[dict]:
                            _target(arch, "graphed_floor", key, name, None, 2.0, "", not_measured=_absent(a, b, c)))
         out.append(_target(arch, "generate", None, GENERATE, None, None, "", not_measured=(
             "this benchmark times one step over a static cache, eager, graphed or compiled, not generate")))
-        for st, g in sorted(a["greedy"]["states"].items()):
-            out.append(_target(arch, "greedy", None, f"{st}: {a['greedy']['steps']} greedy tokens identical graphed "
-                               "and eager", g["first_mismatch"], None, "first mismatch", (bool(g["equal"]), None)))
+        # the greedy check decodes the benchmark's deepest random-weight model (its 1 or 2 layers, not the published
+        # depth) at the batch the receipt records: its target says so
+        gr, depth = a["greedy"], max(a.get("depths") or [0])
+        for st, g in sorted(gr["states"].items()):
+            out.append(_target(arch, "greedy", None, f"{st}: {gr['steps']} greedy tokens identical graphed and eager "
+                               f"(batch {gr.get('batch', 1)}, {depth}-layer random-weight model)", g["first_mismatch"],
+                               None, "first mismatch", (bool(g["equal"]), None)))
     return out
+
+
+def replicated(rec: dict, path: Path, commit: str = REPLACED) -> tuple[dict, bool]:
+    """Targets measured again in the version at `commit` where card, torch and transformers match: ({(model,
+    target): that version's value} for each target with a value and a bound whose rows ("model state impl run
+    B<b> C<c>") are the same in both, whether the two versions' kernel sources hash alike). ({}, False) without
+    that version."""
+    from .history import receipt_at
+    old = receipt_at(path, commit)
+    if old is None or _setup(old) != _setup(rec):
+        return {}, False
+    was = {(t["arch"], t["target"]): t for t in targets(old)}
+    same = {(t["arch"], t["target"]): w["value"] for t in targets(rec) for w in [was.get((t["arch"], t["target"]))]
+            if w and t.get("rows") and w.get("rows") == t["rows"] and None not in (w["value"], t["value"], t["bound"])}
+    src = [r["provenance"].get("kernel_sources_sha256") for r in (rec, old)]
+    return same, src[0] is not None and src[0] == src[1]
 
 
 def gemvs(a: dict) -> tuple[float, dict]:

@@ -254,6 +254,32 @@ def test_run_to_run_names_the_rows_the_older_version_lacks(monkeypatch):
     assert tg.run_to_run(new, None) == {}                                   # another setup: not the same run
 
 
+def test_replicated_pairs_targets_on_the_same_rows_and_the_greedy_target_names_its_model(monkeypatch):
+    """A target is measured again where the older version of the same setup decides it from the same rows (its value
+    is returned, with whether the kernel sources hash alike); a target whose rows differ there is not. The greedy
+    target names the batch and the depth of the model it decoded."""
+    from lab.chapters import decode_targets as tg, history
+    def prov(k):
+        return {"provenance": {"device": "H100", "torch": "2", "kernel_sources_sha256": k}, "transformers": "5"}
+    new, old = {**_target_rec(True), **prov("a")}, {**_target_rec(False), **prov("a")}
+    old["archs"]["olmoe"]["rows"][0] = {**old["archs"]["olmoe"]["rows"][0], "per_layer_us": 8.0}
+    monkeypatch.setattr(history, "receipt_at", lambda path, commit: old)
+    again, same = tg.replicated(new, None)
+    floor = ("olmoe", "B1 C256: int4 at its best <= 2.5x its read floor")
+    assert same and again[floor] == 8.0 / 5.0
+    assert ("olmoe", "B1 C256: int4 at its best below bf16's read floor") in again
+    assert not [k for k in again if "tokens/s" in k[1]]                 # bf16 compiled here, graphed there
+    monkeypatch.setattr(history, "receipt_at", lambda path, commit: {**old, **prov("b")})
+    assert tg.replicated(new, None)[1] is False
+    monkeypatch.setattr(history, "receipt_at", lambda path, commit: {**old, "transformers": "4"})
+    assert tg.replicated(new, None) == ({}, False)                      # another setup: not the same run
+    a = new["archs"]["olmoe"]
+    a["depths"] = [1, 2]
+    a["greedy"] = {"steps": 4, "batch": 1, "states": {"int4": {"equal": True, "first_mismatch": None}}}
+    greedy, = [t for t in tg.targets(new) if t["kind"] == "greedy"]
+    assert greedy["target"].endswith("(batch 1, 2-layer random-weight model)") and greedy["met"] is True
+
+
 def test_eager_run_to_run_pairs_the_ratios_decided_in_both(monkeypatch):
     """The eager ratios over bf16's default experts implementation, this receipt's beside the older version's, for
     the states decided in both; each range from its own run's samples; {} for another setup."""
