@@ -119,14 +119,28 @@ REALSCALE_HISTORY = (("data/receipts/realscale_gate_full_olmoe_h100.json",
 REL = "data/receipts"
 
 
+def fit_flags(fits: dict) -> list:
+    """The fits behind the time targets (gate, forwards, calibration forwards) with a negative slope (a deeper run
+    measured less): any one leaves the full-depth time and gate / forwards undecided, whatever the receipt's
+    `targets` say."""
+    return [k for k in ("gate_s", "forward_s", "calibration_forward_s") if (fits.get(k) or {}).get("warning")]
+
+
+def fitted(fits: dict, key: str, fmt=None) -> str:
+    """A fitted full-depth figure, or 'undecided' where its fit has a negative slope (never a negative time)."""
+    f = fits.get(key) or {}
+    if f.get("warning") or f.get("full_depth") is None:
+        return "undecided"
+    return (fmt or _s)(f["full_depth"])
+
+
 def warmup_text(r: dict) -> str:
     """Whether the measured gate ran after an unmeasured small one (kernels compiled) or paid compilation itself."""
     w = r["settings"].get("warmup")
     if w is None:
-        return ("no warm-up (the measured run pays kernel compilation)" if r["settings"].get("mode") == "full depth"
-                else "an unmeasured warm-up gate before each architecture's first depth")
-    return "no warm-up (the measured run pays kernel compilation)" if w == "none" else (
-        f"an unmeasured warm-up gate {w} (twenty documents, one arm per scheme and target: kernels compiled)")
+        w = "none" if r["settings"].get("mode") == "full depth" else "before each architecture's first depth"
+    return "no warm-up (the measured run pays every first-use cost, kernel compilation included)" if w == "none" \
+        else f"an unmeasured warm-up gate {w} (twenty documents of one text, one arm per scheme and target)"
 
 
 def realscale_table(receipts=RECEIPTS) -> str:
@@ -161,7 +175,10 @@ def realscale_table(receipts=RECEIPTS) -> str:
                 for L, d in sorted(a.get("depths", {}).items(), key=lambda kv: int(kv[0])):
                     g = d.get("gate")
                     if not g:
-                        lines.append(_line([arch, L, "error" if d.get("error") else "skipped"] + ["–"] * 8))
+                        err = (d.get("error") or {}).get("error")
+                        lines.append(_line([arch, f"{L} of {a['full_layers']}",
+                                            f"error: {err}" if err else f"skipped: {d.get('skipped', 'no reason')}"]
+                                           + ["–"] * 8))
                         continue
                     tm = g["timing"]
                     fw = tm["forward_s"] + tm.get("calibration_forward_s", 0.0)
@@ -178,19 +195,24 @@ def realscale_table(receipts=RECEIPTS) -> str:
                     continue
                 t, mem = ex["targets"], ex.get("memory") or {}
                 gof = t["gate_over_forwards"]
-                lines.append(_line([arch, f"**{ex['full_layers']} (fitted)**",
-                                    f"**{_s(t['gate_s']['value'])}** (target ≤ {t['gate_s']['target']:.0f} s: "
-                                    f"{'met' if t['gate_s']['met'] else 'missed'})",
-                                    _s(ex["fits"]["build_s"]["full_depth"]), _s(ex["fits"]["score_s"]["full_depth"]),
-                                    "–", f"**{gof['value']:.1f}** (target ≤ {gof['target']}: "
-                                    f"{'met' if gof['met'] else 'missed'})", _gb(mem.get("peak_bytes")) + " predicted",
-                                    _gb(ex["fits"]["host_peak_bytes"]["full_depth"]),
+                flagged = fit_flags(ex["fits"])       # read from the fits, so an older receipt is judged the same way
+                if flagged:
+                    time_cell = gof_cell = (f"undecided (the fit of {', '.join(f'`{k}`' for k in flagged)} has a "
+                                            "negative slope)")
+                else:
+                    time_cell = (f"**{_s(t['gate_s']['value'])}** (target ≤ {t['gate_s']['target']:.0f} s: "
+                                 f"{'met' if t['gate_s']['met'] else 'missed'})")
+                    gof_cell = (f"**{gof['value']:.1f}** (target ≤ {gof['target']}: "
+                                f"{'met' if gof['met'] else 'missed'})")
+                lines.append(_line([arch, f"**{ex['full_layers']} (fitted)**", time_cell,
+                                    fitted(ex["fits"], "build_s"), fitted(ex["fits"], "score_s"), "–", gof_cell, _gb(mem["peak_bytes"]) + " predicted" if mem.get("peak_bytes") else "–",
+                                    fitted(ex["fits"], "host_peak_bytes", _gb),
                                     f"{mem.get('arms_per_group')} per group, {mem.get('groups')} groups" if mem else "–",
                                     "–"]))
-                warn = [f"`{k}` ({v['warning']})" for k, v in ex["fits"].items() if v.get("warning")]
+                warn = [f"`{k}`" for k, v in ex["fits"].items() if v.get("warning")]
                 lines += ["", f"Fitted rows: {r['settings']['extrapolation']}; memory: {mem.get('formula', '–')}."
-                          + (f" Fits the fit itself flags: {', '.join(warn)}; a negative predicted extra time counts as 0 s."
-                             if warn else "")]
+                          + (f" Fits with a negative slope (a deeper run measured less, so the fit decides nothing and "
+                             f"is not shown): {', '.join(warn)}." if warn else "")]
             if not any(a.get("depths") for a in r.get("archs", {}).values()):
                 lines = [lines[0].replace("stopped before every depth ran", "stopped before any depth finished")
                          .replace("; the rows below are the depths that finished.", ".")]   # no table to show

@@ -453,6 +453,31 @@ def test_the_report_marks_a_partial_realscale_gate_receipt(tmp_path):
     assert "Partial run" not in report.realscale_table(tmp_path)
 
 
+def test_a_fit_with_a_negative_slope_is_undecided_and_prints_no_negative_time(tmp_path):
+    """A deeper run measured faster: the fitted full-depth time is negative and the receipt's own `targets` call it
+    met; the page reads the fits and says undecided instead, and a failed depth shows its error."""
+    from lab import report
+    gate = {"s": 40.0, "timing": {"build_s": 5.0, "score_s": 30.0, "forward_s": 28.0, "calibration_forward_s": 0.3},
+            "verdicts": {"a": "PASS"}, "gpu_peak_bytes": 2 ** 30, "host_peak_bytes": 2 ** 30, "groups": [6]}
+    fit = {"full_depth": -404.0, "warning": "per_layer < 0"}
+    ok = {"full_depth": 100.0}
+    rec = {"provenance": {"device": "GPU", "command": "python -m lab.realscale_gate", "commit": "0" * 40,
+                          "torch": "2", "date": "2026-01-01"}, "complete": True,
+           "settings": {"mode": "fit", "extrapolation": "q = fixed + layers x per_layer"},
+           "archs": {"qwen3_moe": {"full_layers": 48, "depths": {
+               "1": {"gate": {**gate, "s": 42.0}}, "2": {"gate": {**gate, "s": 19.5}},
+               "3": {"error": {"error": "AssertionError: parity"}}},
+               "extrapolation": {"full_layers": 48, "fits": {"gate_s": fit, "forward_s": fit, "score_s": fit,
+                                                             "build_s": ok, "host_peak_bytes": ok},
+                                 "targets": {"gate_s": {"value": -404.0, "target": 3600.0, "met": True},
+                                             "gate_over_forwards": {"value": 0.7, "target": 1.5, "met": True}}}}}}
+    (tmp_path / "realscale_gate_qwen3_moe_h100.json").write_text(json.dumps(rec))
+    text = report.realscale_table(tmp_path)
+    assert "undecided (the fit of `gate_s`, `forward_s` has a negative slope)" in text
+    assert "met" not in text.split("**48 (fitted)**")[1].split("\n")[0] and "-404" not in text
+    assert "error: AssertionError: parity" in text
+
+
 def test_tokenizer_cli_names_a_missing_tokenizer(tmp_path, capsys):
     from int4lab.models import tokenizer
     assert tokenizer.main(["--out", str(tmp_path)]) == 2

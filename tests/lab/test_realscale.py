@@ -369,7 +369,7 @@ def test_realscale_gate_full_depth_on_the_cpu(tmp_path, monkeypatch):
     a = r["archs"]["olmoe"]
     f = a["full"]
     assert list(a["depths"]) == ["2"] and "warmup" not in a["depths"]["2"] and "extrapolation" not in a
-    assert r["settings"]["warmup"] == "none" and "pays kernel compilation" in report.warmup_text(r)
+    assert r["settings"]["warmup"] == "none" and "pays every first-use cost" in report.warmup_text(r)
     assert f["arms"] == {"rtn": 2, "lottery": 2, "gptq": 2} and f["wall_s"] == pytest.approx(
         f["checkpoint_s"] + f["gate_s"])
     assert f["phases"]["gptq_sweep_s"] > 0 and f["gate_over_forwards"] > 1 and f["host_peak_bytes"] > 0
@@ -381,7 +381,7 @@ def test_realscale_gate_full_depth_on_the_cpu(tmp_path, monkeypatch):
                     "--out", str(warm), gate_args]) == 0
     r = json.loads(warm.read_text())
     assert r["settings"]["warmup"] == "before the run" and r["archs"]["olmoe"]["depths"]["2"]["warmup"]["rc"] == 0
-    assert "kernels compiled" in report.warmup_text(r)
+    assert "warm-up gate before the run" in report.warmup_text(r)
 
 
 def test_a_stopped_run_log_is_summarised_from_its_lines(tmp_path):
