@@ -209,6 +209,13 @@ def realscale_table(receipts=RECEIPTS) -> str:
                                     fitted(ex["fits"], "host_peak_bytes", _gb),
                                     f"{mem.get('arms_per_group')} per group, {mem.get('groups')} groups" if mem else "–",
                                     "–"]))
+                if "gptq_sweep_default_s" in ex["fits"]:
+                    lines += ["", f"GPTQ at the README's defaults (every draw of both targets), each depth scaled by "
+                              f"`lab.realscale_predict` and fitted to {ex['full_layers']} layers: column sweeps "
+                              f"{fitted(ex['fits'], 'gptq_sweep_default_s')}, calibration forwards "
+                              f"{fitted(ex['fits'], 'gptq_forward_default_s')} (points by depth: "
+                              + "; ".join(f"{L} layer{'' if L == '1' else 's'} {v:.3g} s" for L, v in
+                                          ex["fits"]["gptq_sweep_default_s"]["points"].items()) + ")."]
                 warn = [f"`{k}`" for k, v in ex["fits"].items() if v.get("warning")]
                 lines += ["", f"Fitted rows: {r['settings']['extrapolation']}; memory: {mem.get('formula', '–')}."
                           + (f" Fits with a negative slope (a deeper run measured less, so the fit decides nothing and "
