@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 
 import torch
@@ -31,7 +32,7 @@ from int4lab.kernels.router import router_topk
 from int4lab.kernels.plan import gemv_plan
 from int4lab.format import pack_int4_b32
 from int4lab.files import cli_out_ok, write_text_atomic
-from lab.provenance import provenance
+from lab.provenance import portable_command, provenance
 from lab.bench.shapes import MODELS
 
 DENSE = ((14336, 4096), (4096, 14336), (2048, 768), (512, 2048))
@@ -165,7 +166,9 @@ def main(argv=None) -> int:
         return 2
     if not cli_out_ok(args.out):                        # before anything runs
         return 2
-    rec = {"provenance": provenance(command="python -m lab.tune.replay_check"), **run(args.replays, args.small)}
+    argv = sys.argv[1:] if argv is None else argv
+    command = portable_command("python -m lab.tune.replay_check " + " ".join(shlex.quote(a) for a in argv))
+    rec = {"provenance": provenance(command=command), **run(args.replays, args.small)}
     write_text_atomic(args.out, json.dumps(rec, indent=1), "--out")
     for r in rec["rows"]:
         print(r)

@@ -51,3 +51,15 @@ def test_replays_match_refuses_one_input_set():
     x = torch.zeros(4)
     with pytest.raises(ValueError, match="at least 2 input sets"):
         replays_match(lambda: x + 1, [x], [[x]], 2, capture=_eager_capture)
+
+
+def test_the_receipt_records_the_command_that_made_it(tmp_path, monkeypatch):
+    """The recorded command carries --out and the other flags, so it re-runs (and parses) as written."""
+    import json
+
+    from lab.tune import replay_check
+    monkeypatch.setattr(replay_check, "run", lambda replays, small: {"rows": [], "all_pass": True})
+    out = tmp_path / "r.json"
+    assert replay_check.main(["--out", str(out), "--replays", "3", "--small"]) == 0
+    command = json.loads(out.read_text())["provenance"]["command"]
+    assert command == "python -m lab.tune.replay_check --out …/r.json --replays 3 --small"
