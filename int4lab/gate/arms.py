@@ -20,7 +20,7 @@ import torch
 from ..quantize import Scheme
 
 DITHER = 0.1               # the lottery's dither amplitude, in units of the block scale
-LOTTERY = 16              # tickets per round-to-nearest arm: the rounding band's statistics need at least 16
+LOTTERY = 16              # tickets per round-to-nearest arm: the calibration test's minimum (stats.MIN_TICKETS)
 SCORE_RESERVE = 1 << 30    # bytes kept free for scoring besides the logits (forward activations, chunks)
 
 

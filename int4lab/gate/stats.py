@@ -276,8 +276,9 @@ def calibration_judgement(draws: list[dict], tickets: dict, alpha: float = ALPHA
     the per-document differences of one arm are correlated; permuting documents between arms would make the
     null spread too narrow and the test too eager. Why MIN_TICKETS = 16: the tickets' sd, the test's yardstick,
     then has a relative standard error of about 1/sqrt(2 (K - 1)) = 18 % (a 95 % interval for the true sd still
-    spans about 0.74-1.55 times the sample sd; the t distribution with K - 1 degrees of freedom allows for it),
-    and the exact rank p-value reaches 1/17 = 0.059; with fewer, both are too coarse for a 5 % test.
+    spans about 0.74-1.55 times the sample sd; the t distribution with K - 1 degrees of freedom allows for it).
+    The exact rank p-value reported beside the test is no reason for 16: its smallest value is 1 / (K + 1), 0.059
+    at 16 tickets, so it can reach 5 % only from 19.
     Returns {"verdict", "reasons", "rule", "alpha", "tickets": K, "texts": {text: {"p_helps", "p_hurts",
     "p_hurts_holm", "rank_p_helps", "rank_p_hurts", "helps", "hurts": one per draw}}}. ValueError for fewer
     than MIN_DRAWS draws or MIN_TICKETS tickets, texts that do not match, or tickets that do not spread.
