@@ -60,7 +60,7 @@ def gptq_text(ex: dict, depths: dict, card_bytes, fitted, gb) -> str:
     swept = gptq_swept(depths)
     if swept:
         text += (" At the quick settings GPTQ swept " + ", ".join(
-            f"{s} of {t} experts ({s / t:.0%}) at {_layers(L)}" for L, (s, t) in swept.items())
+            f"{s} of {t} experts ({100 * s / t:.0f} %) at {_layers(L)}" for L, (s, t) in swept.items())
                  + "; the rest fell back to round-to-nearest (fewer calibration rows than `min_rows`), so the "
                    "sweeps' times hold for that share under the synthetic checkpoint's routing.")
     return text

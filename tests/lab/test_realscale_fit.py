@@ -22,5 +22,5 @@ def test_the_line_prints_each_fit_with_its_own_points():
                      lambda b: f"{b / 2 ** 30:.1f} GiB")
     assert "column sweeps 100 s (points by depth: 1 layer 5.3 s; 2 layers 10.3 s)" in text
     assert "calibration forwards 100 s (points: 1 layer 0.94 s; 2 layers 1.7 s)" in text
-    assert "would offload to the host" in text and "17 of 128 experts (13%) at 1 layer" in text
+    assert "would offload to the host" in text and "17 of 128 experts (13 %) at 1 layer" in text
     assert "offload" not in gptq_text(ex, _depths("cpu"), 8.5e10, lambda f, k: "x", str)
