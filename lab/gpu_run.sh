@@ -17,7 +17,8 @@
 #            (checkpoint in /dev/shm; GATE_S caps it), after the dither's CUDA-vs-CPU test and a ticket's pack
 #            time beside round-to-nearest's (dither_cuda_<card>.txt; FULL_DITHER=0 skips them); FULL_WARM=1 runs the
 #            small unmeasured gate first (--warmup-full: a second run's time, the kernels compiled); FULL_ALLOC_CONF
-#            sets PYTORCH_CUDA_ALLOC_CONF for it (e.g. expandable_segments:True); the allocator's retries are logged
+#            sets PYTORCH_CUDA_ALLOC_CONF for it (e.g. expandable_segments:True; the log's first line names it and
+#            the timeout); the allocator's retries are logged
 #   gate_fit the README's gate command on synthetic Qwen3-30B-A3B and Mixtral-8x7B at 1, 2 and 3 layers, one card
 #            plus the host (--device-map auto --max-memory), quick settings taken to the defaults and fitted to full
 #            depth (FIT_S caps each architecture, FIT_LAYERS, FIT_ARGS, FIT_MEMORY override)
@@ -121,10 +122,14 @@ if has gate_full; then
   fi
   stage "gate at full depth: OLMoE 16 layers"
   rm -rf /dev/shm/rsg_full
-  PYTORCH_CUDA_ALLOC_CONF=${FULL_ALLOC_CONF:-${PYTORCH_CUDA_ALLOC_CONF:-}} \
+  alloc=${FULL_ALLOC_CONF:-${PYTORCH_CUDA_ALLOC_CONF:-}}
+  # the log's first line records the settings the receipt does not (the allocator's, the stage's limit)
+  echo "PYTORCH_CUDA_ALLOC_CONF=${alloc:-(unset: the default allocator)}; timeout ${GATE_S:-480} s" \
+    | tee "$OUT/realscale_gate_full_olmoe_$card.gate.txt"
+  PYTORCH_CUDA_ALLOC_CONF=$alloc \
   timeout ${GATE_S:-480} python3 -m lab.realscale_gate --arch olmoe --full ${FULL_WARM:+--warmup-full} --workdir /dev/shm/rsg_full \
     --out "$OUT/realscale_gate_full_olmoe_$card.json" 2>&1 | grep --line-buffered -v "Writing model shards\|Loading weights" \
-    | tee "$OUT/realscale_gate_full_olmoe_$card.gate.txt" | tail -30
+    | tee -a "$OUT/realscale_gate_full_olmoe_$card.gate.txt" | tail -30
   rm -rf /dev/shm/rsg_full
 fi
 if has gate_fit; then

@@ -11,6 +11,7 @@ from lab.chapters.decode_step import eager_ratio, eager_text, slope_range     # 
 from lab.chapters.history import changed_since, receipt_at, text_at
 from lab.paths import RECEIPTS, ROOT
 from lab.provenance import portable_command
+from .realscale_fit import gptq_text
 from .runlog import summary_text
 from .decode import END, START, _f, _line, read, reading, refuse_partial
 from .targets import misses_table, targets
@@ -210,12 +211,7 @@ def realscale_table(receipts=RECEIPTS) -> str:
                                     f"{mem.get('arms_per_group')} per group, {mem.get('groups')} groups" if mem else "–",
                                     "–"]))
                 if "gptq_sweep_default_s" in ex["fits"]:
-                    lines += ["", f"GPTQ at the README's defaults (every draw of both targets), each depth scaled by "
-                              f"`lab.realscale_predict` and fitted to {ex['full_layers']} layers: column sweeps "
-                              f"{fitted(ex['fits'], 'gptq_sweep_default_s')}, calibration forwards "
-                              f"{fitted(ex['fits'], 'gptq_forward_default_s')} (points by depth: "
-                              + "; ".join(f"{L} layer{'' if L == '1' else 's'} {v:.3g} s" for L, v in
-                                          ex["fits"]["gptq_sweep_default_s"]["points"].items()) + ")."]
+                    lines += ["", gptq_text(ex, a.get("depths", {}), r["settings"].get("card_bytes"), fitted, _gb)]
                 warn = [f"`{k}`" for k, v in ex["fits"].items() if v.get("warning")]
                 lines += ["", f"Fitted rows: {r['settings']['extrapolation']}; memory: {mem.get('formula', '–')}."
                           + (f" Fits with a negative slope (a deeper run measured less, so the fit decides nothing and "
