@@ -70,13 +70,15 @@ def status(t: dict) -> str:
 
 
 def _absent(a: dict, b: int, c: int) -> str:
-    """Why a case has no int4 graphed layer or floor: the parts the run skipped (`bench.Run.part` skips a part only
-    when the model's share of the call's time budget is spent: each model in turn gets an even share of what is
-    left) or that failed, as the receipt lists them."""
+    """Why a case has no int4 graphed layer or floor: the parts the run skipped (`bench.Run.part` skips a part when
+    less of the model's share of the call's time budget is left than the part reserves: 5 s for a timing or floors
+    part, 10 s for greedy and host, 15 s for a breakdown, `--compile-reserve-s` (60 s by default) for a compiled
+    run; each model in turn gets an even share of what is left) or that failed, as the receipt lists them."""
     key = f"B{b} C{c}"
     skipped = [k for k in a.get("skipped", []) if k.endswith(key)]
     failed = [k for k in a.get("errors", {}) if k.endswith(key)]
-    return "; ".join(([f"skipped, the model's share of the call's time budget spent: {', '.join(skipped)}"] if skipped else []) +
+    why = "skipped, less of the model's share of the call's time budget left than the part reserves"
+    return "; ".join(([f"{why}: {', '.join(skipped)}"] if skipped else []) +
                      ([f"failed: {', '.join(failed)}"] if failed else [])) or "not in the receipt"
 
 
@@ -97,7 +99,7 @@ def run_to_run(rec: dict, path: Path, commit: str = REPLACED) -> dict:
     ("graphed", "compiled" per-layer times, "floor" read floors), (largest |relative change|, count, unmatched) over
     the rows both hold with the same model, state, experts implementation, batch and context; unmatched lists this
     receipt's rows of that kind the older version lacks ("model state impl run B<b> C<c>", or "model floor <key>"):
-    measured once. {} without that version."""
+    not measured again in that version (`earlier_runs` looks for them in older ones). {} without that version."""
     from .history import receipt_at
     old, out = receipt_at(path, commit), {}
     if old is None or _setup(old) != _setup(rec):
@@ -112,6 +114,29 @@ def run_to_run(rec: dict, path: Path, commit: str = REPLACED) -> dict:
         for kind, name, v, w in pairs:
             m, n, miss = out.get(kind, (0.0, 0, []))
             out[kind] = (m, n, miss + [name]) if not w else (max(m, abs(v / w - 1)), n + 1, miss)
+    return out
+
+
+# older versions of decode_step_h100.json (newest first), where `earlier_runs` looks for the rows REPLACED lacks
+EARLIER = ("4cf86c2b4c05427be115a8791b37dec0039edea1", "dee2c3bef2cba4c4f4e895a8238624c18ab34085")
+
+
+def earlier_runs(rec: dict, path: Path, names, commits=EARLIER) -> dict:
+    """The rows `names` ("model state impl run B<b> C<c>", as `row_name` writes them) in the versions of this receipt
+    at `commits` where card, torch and transformers match: {name: [(commit, row, kernel sources alike)]},
+    one entry per version holding that row. "Kernel sources alike" compares `provenance.kernel_sources_sha256`: a
+    row measured at other kernel sources is not a second measurement of the int4 kernels measured here."""
+    from .history import receipt_at
+    out = {n: [] for n in names}
+    for commit in commits:
+        old = receipt_at(path, commit)
+        if old is None or _setup(old) != _setup(rec):
+            continue
+        alike = old["provenance"].get("kernel_sources_sha256") == rec["provenance"].get("kernel_sources_sha256")
+        for arch, a in old["archs"].items():
+            for r in a["rows"]:
+                if "per_layer_us" in r and row_name(arch, r) in out:
+                    out[row_name(arch, r)].append((commit[:7], r, alike))
     return out
 
 

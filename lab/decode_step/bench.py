@@ -86,7 +86,8 @@ class Run:
         return self.deadline - time.time()
 
     def part(self, key: str, fn, need_s: float = 0.0):
-        """Run fn() unless the budget is spent; record its error and go on when it fails."""
+        """Run fn() unless less than need_s of the budget is left (then record it skipped); record its error and go
+        on when it fails."""
         if key in self.rec["skipped"]:                  # an earlier call's verdict on this part is replaced
             self.rec["skipped"].remove(key)
         self.rec["errors"].pop(key, None)

@@ -240,7 +240,9 @@ def test_tokens_verdict_takes_the_range_of_the_extrapolated_steps():
 
 def test_run_to_run_names_the_rows_the_older_version_lacks(monkeypatch):
     """Against an older version of the receipt: per kind the largest relative change over the rows both hold, their
-    count, and this receipt's rows the older one lacks (measured once), never counted as unchanged."""
+    count, and this receipt's rows the older one lacks (not measured again there), never counted as unchanged;
+    `earlier_runs` finds such a row in still older versions of the same setup, saying whether their kernel sources
+    hash alike."""
     from lab.chapters import decode_targets as tg, history
     prov = {"provenance": {"device": "H100", "torch": "2"}, "transformers": "5"}
     new = {**_target_rec(True), **prov}
@@ -252,6 +254,16 @@ def test_run_to_run_names_the_rows_the_older_version_lacks(monkeypatch):
     assert moves["compiled"] == (0.0, 0, ["olmoe bf16 grouped_mm compiled B1 C256"])
     monkeypatch.setattr(history, "receipt_at", lambda path, commit: {**old, "transformers": "4"})
     assert tg.run_to_run(new, None) == {}                                   # another setup: not the same run
+    name = "olmoe bf16 grouped_mm compiled B1 C256"
+    hashed = lambda r, k: {**r, "provenance": {**r["provenance"], "kernel_sources_sha256": k}}      # noqa: E731
+    older = hashed({**_target_rec(True), **prov}, "b")
+    older["archs"]["olmoe"]["rows"][-1] = {**older["archs"]["olmoe"]["rows"][-1], "per_layer_us": 21.0}
+    monkeypatch.setattr(history, "receipt_at", lambda path, commit: older if commit == "c1" else old)
+    got = lambda k, commits: [(c, r["per_layer_us"], same) for c, r, same in      # noqa: E731
+                              tg.earlier_runs(hashed(new, k), None, [name], commits)[name]]
+    assert got("a", ("c1", "c2")) == [("c1", 21.0, False)] and got("b", ("c1",)) == [("c1", 21.0, True)]
+    monkeypatch.setattr(history, "receipt_at", lambda path, commit: {**older, "transformers": "4"})
+    assert tg.earlier_runs(new, None, [name], ("c1",)) == {name: []}         # another setup: not counted
 
 
 def test_replicated_pairs_targets_on_the_same_rows_and_the_greedy_target_names_its_model(monkeypatch):
