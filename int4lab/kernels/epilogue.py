@@ -9,8 +9,11 @@ tile (t = r // A, n-tile). The program that arrives last (counter == SK * A - 1)
 in the fixed order j = 0..A-1 (rows), s = 0..SK-1 (splits), applies the router weights when given, writes
 bf16, and resets the counter to zero. Which program is last varies from run to run; the order of the sum
 does not, so the bits are the same on every run, and the counters are zero again after each launch, so
-the call stays legal under CUDA-graph capture and replay. The same order as `reduce_rows_kernel`, so the
-one-launch path and the two-launch path give the same bits.
+the call stays legal under CUDA-graph capture and replay. The splits are summed in the order of
+`reduce.reduce_partials_kernel` (s = 0..SK-1 from zero) and, for the MoE combine, each row rounded to bf16 and
+the rows combined in the order of `moe.combine_rows_kernel` (j = 0..A-1), so that the one-launch finish gives
+the two-launch path's bits: tests/lib/test_kernels.py checks the split finish against reduce_partials bit for
+bit, and the fused combine against combine_rows bit for bit unsplit (within a bf16 ulp when split).
 """
 import triton
 import triton.language as tl

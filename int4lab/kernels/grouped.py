@@ -18,8 +18,10 @@ Invalid ids: eagerly they raise ValueError. Under capture they cannot be checked
 an extra bucket E, whose tiles carry group E, and the kernels write NaN for those rows (no expert memory
 is read with a bad index).
 
-Kernels (plan.kind): "dp4a" (grouped_dp4a.py, the table's choice below 4 rows per expert) and "mma"
-(grouped_mma.py, tensor cores, BM >= 4, the table's choice from 4). Grid order (plan.tile_major): N tiles
+Kernels (plan.kind): "dp4a" (grouped_dp4a.py) and "mma" (grouped_mma.py, tensor cores, BM >= 4). The plan table
+(plan.GROUPED_TABLE, keyed by mean rows per routed expert and weights N * K per expert of the GEMM) picks dp4a
+below 4 mean rows and mma from 4, except on sm90 for experts of under 32 Mi weights per GEMM, where mma (with
+TMA loads) starts at 2; the interpreter's row is dp4a only. Grid order (plan.tile_major): N tiles
 first, or tiles first so that every tile of one N range runs at once and an expert's bytes come from DRAM
 about once whatever its number of tiles (the table's choice on the H200). Both kernels read activations as
 int8 codes in row order (row r uses x row r // rows_per_x, so the gate_up projection reads each token's

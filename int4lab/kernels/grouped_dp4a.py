@@ -17,11 +17,13 @@ report: 30-38 barriers and 64-131 shuffles per loop against the GEMV's 14 and 3)
 routed GEMV at every batch (measured at commit efa5286). Unrolled, each row's loop body is the GEMV's, instruction
 for instruction, in the GEMV's layouts; only the weight load and nibble split are shared.
 
-Why dp4a and not the tensor cores at 1-3 rows per expert: the W4A8 format's per-32 scales on both sides
-make every 32-block's exact int32 dot a separate partial that must be scaled in float32 per (row, column,
-block). On the integer pipe that is 2 dp4a per 8 weights per live row plus one float multiply-add per 32;
-an MMA is padded to 16 rows and its tile scales at least 4 (grouped_mma.py, the table's choice from 4 rows
-per expert: notes/kernels.md, "Launch-plan rows").
+Why dp4a and not the tensor cores at few rows per expert (the plan table keeps this kernel below 2 mean rows
+per routed expert, and below 4 on sm80 and on sm90 for experts of 32 Mi weights or more per GEMM): the W4A8
+format's per-32 scales on both sides make every 32-block's exact int32 dot a separate partial that must be
+scaled in float32 per (row, column, block). On the integer pipe that is 2 dp4a per 8 weights per live row plus
+one float multiply-add per 32; an MMA is padded to 16 rows and its tile scales at least 4 (grouped_mma.py, the
+table's choice from 4 mean rows, and on sm90 from 2 for experts of under 32 Mi weights, where its TMA loads
+won: plan.GROUPED_TABLE; notes/kernels.md, "Launch-plan rows").
 
 Numerics: the same integers, the same float32 products (ws * xs) * bsum in the same order, the same fold
 over the blocks (epilogue.fold_blocks) and the same split-K / combine finish as the routed GEMV, so with the
