@@ -52,10 +52,14 @@ def gptq_text(ex: dict, depths: dict, card_bytes, fitted, gb) -> str:
             + (f" (points: {_points(f['gptq_forward_default_s'])})" if "gptq_forward_default_s" in f else "") + ".")
     if all_on_gpu(depths):
         peak = (f.get("gpu_peak_bytes") or {}).get("full_depth")
+        cap = ex.get("device_map_cap") or {}
         text += (" These fits and the table's fitted row run through depths whose layers all sat on the GPU "
                  "(`source_bytes`: no host offload)"
-                 + (f"; the GPU-peak fit reaches {gb(peak)} at {n} layers against the card's {gb(card_bytes)}, so a "
-                    f"{n}-layer run would offload to the host, which no measured depth did"
+                 + (f"; at {n} layers the source alone ({gb(cap['source_gpu_bytes_full_depth'])} fitted) "
+                    f"{'exceeds' if cap['source_exceeds_cap'] else 'stays under'} the GPU's `--max-memory` share "
+                    f"({gb(cap['gpu_cap_bytes'])})" if cap.get("gpu_cap_bytes") else "")
+                 + (f", while the GPU-peak fit (the source and one group of arms) reaches {gb(peak)} against the "
+                    f"card's {gb(card_bytes)}: how such a run places its arms was not measured"
                     if peak and card_bytes and peak > card_bytes else "") + ".")
     swept = gptq_swept(depths)
     if swept:
