@@ -1,4 +1,4 @@
-"""Export a model to GGUF for llama.cpp: int4-b32 packs become `Q4_0` byte for byte, the rest F32 (or F16).
+"""Export a model to GGUF for llama.cpp: int4-b32 packs become `Q4_0` losslessly, the rest F32 (or F16).
 
     python -m int4lab.export --model mixtral --scheme rtn --targets experts --out mixtral-q4_0.gguf
     python -m int4lab.export --model olmoe --source --out olmoe-f32.gguf          # the unquantised reference
@@ -7,17 +7,17 @@
 Shape legend: E = experts, N = out features, K = in features (K % 32 == 0 for a Q4_0 tensor),
 H = hidden size, I = expert intermediate size, V = vocabulary, L = layer index.
 
-No weight is quantised here. A quantised module's int4-b32 pack (`Int4Linear`, `Int4Experts`) is transcoded by
-`int4lab.q4_0.int4_b32_to_q4_0` (nibble order j|j+16, the fp16 scale bits copied), so llama.cpp decodes exactly the
-weights `dequant_int4_ref` decodes. Everything else is written as the model holds it: embeddings, lm_head and the
-other 2-D weights in F32 (exact for a bf16 or fp32 model) or F16 (`--ftype f16`); norms and the router always in F32.
+Unless `--source`, `build_model` first quantises (`quantize_model`: RTN, or GPTQ on `--calib-tokens`); the writer
+re-rounds nothing. `int4lab.q4_0.int4_b32_to_q4_0` transcodes each int4-b32 pack: other bytes (nibbles j|j+16, the
+fp16 scale bits copied into each block), bit-identical decoded weights. The rest is written as the model holds it:
+embeddings, lm_head, other 2-D weights F32 (exact for bf16/fp32) or F16 (`--ftype f16`); norms, router F32.
 
 How transformers 5 names map onto llama.cpp's (gguf-py `MODEL_TENSOR` names, per block L; each architecture's
 `int4lab.archs` record holds its mapping, llama.cpp architecture and routing flags):
 
     input_layernorm            blk.L.attn_norm          post_attention_layernorm  blk.L.ffn_norm
     self_attn.{q,k,v,o}_proj   blk.L.attn_{q,k,v,output}
-    self_attn.{q,k}_norm       blk.L.attn_{q,k}_norm    (OLMoE: over all heads, [H]; Qwen3: per head, [H/heads])
+    self_attn.{q,k}_norm       blk.L.attn_{q,k}_norm    (OLMoE: all heads, [H]; Qwen3: per head, [head_dim], explicit)
     mlp.gate (router)          blk.L.ffn_gate_inp       [E, H]
     mlp.experts.gate_up_proj   blk.L.ffn_gate_exps [E, I, H] (rows 0..I-1) and blk.L.ffn_up_exps (rows I..2I-1)
     mlp.experts.down_proj      blk.L.ffn_down_exps [E, H, I]

@@ -349,9 +349,10 @@ def paired_bootstrap(nll_a: torch.Tensor, nll_b: torch.Tensor, reps: int = BOOTS
 # is small next to the budget the arms are judged by. It was fixed after the first llama.cpp receipts had been
 # read, so it is not a pre-registered margin; the CIs the receipts record are the measurement. A CI that contains 0
 # but crosses the margin is no evidence of agreement. Nor is the margin small next to the quantisation effect itself:
-# where our quantised model's ppl differs from our source model's by less than the margin, a CI inside it would also
-# hold llama.cpp reproducing the unquantised model; there only the CI's own width, the per-token agreement and the
-# emulation of llama.cpp's numerics show which model it reproduces.
+# where our quantised model's ppl differs from our source model's by less than the margin, the verdict cannot tell
+# llama.cpp reproducing the quantised model from it reproducing the unquantised one. No paired CI of llama.cpp
+# against the source model is computed here (the receipts keep no per-window NLLs), so the CI cannot separate them;
+# the per-token agreement and the emulation of llama.cpp's numerics show which model it reproduces.
 EQUIV_MARGIN = 0.0025
 
 
@@ -385,7 +386,8 @@ DECOMPOSITION = {"llamacpp_numerics": ("q8_0", "fp32"),
 def kv_cache_effect(path, windows: torch.Tensor, window: int = WINDOW, threads: int | None = None,
                     chunk: int = 8) -> dict:
     """What llama.cpp's default F16 KV cache changes against the F32 cache the receipts use, on one GGUF file:
-    |delta log-prob| of the scored tokens (max, mean) and the top-1 agreement, F16 against F32."""
+    |delta log-prob| of the scored tokens (max, mean) and the top-1 agreement, F16 against F32 (per-token
+    numbers only: no perplexity difference is recorded)."""
     cache = {kv: LlamaCppScorer(path, window, threads, kv_cache=kv) for kv in KV_CACHES}
     target = windows[:, 1:]
     dmax, dsum, agree = 0.0, 0.0, 0
