@@ -106,7 +106,7 @@ def arm_rows(receipts: dict) -> list[dict]:
             for t, c in arm["texts"].items():
                 h = arm["held_out"][t]
                 rows.append({"model": a, "arm": name, "kind": arm["kind"], "text": t, "tokens": c["tokens"],
-                             "docs": c["docs"], "held-out docs": h["docs"], "ppl": c["ppl"],
+                             "docs": c["docs"], "held-out docs": h["docs"], "ppl (all docs)": c["ppl"],
                              "Δ all": c["rel"]["value"], "Δ": h["rel"]["value"], "lo": h["rel"]["lo"],
                              "hi": h["rel"]["hi"], "half-width": (h["rel"]["hi"] - h["rel"]["lo"]) / 2,
                              "held-out / all-docs CI width": (h["rel"]["hi"] - h["rel"]["lo"]) / (c["rel"]["hi"] - c["rel"]["lo"]),
@@ -169,7 +169,7 @@ def draw_rows(receipts: dict, scheme: str = GPTQ) -> list[dict]:
                              "vs source lo": s["rel"]["lo"], "vs source hi": s["rel"]["hi"],
                              "Δ held-out [CI]": pct(s["rel"]), "verdict": arm["verdict"]["verdict"],
                              "RTN fallback": f"{fb} of {m} experts", "fallback experts": fb,
-                             "KL": arm["texts"][t]["kl"]["value"], "KL [CI]": kl(arm["texts"][t]["kl"]),
+                             "KL": arm["texts"][t]["kl"]["value"], "KL all docs [CI]": kl(arm["texts"][t]["kl"]),
                              "RTN KL": r["arms"][c["twin"]]["texts"][t]["kl"]["value"],
                              "GPTQ − RTN": d["value"], "lo": d["lo"], "hi": d["hi"], "GPTQ − RTN [CI]": pct(d),
                              "band lo": b["lo"] if b else None, "band hi": b["hi"] if b else None,
