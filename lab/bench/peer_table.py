@@ -2,9 +2,10 @@
 
 A row's own floor is the read-floor curve of the same run at the row's bytes (`bytes`: its weights, scales and
 activations): the floor kernel (lab/bench/floor.py) was timed at every int4-b32 byte count of the run (and at one
-word: the launch); between two measured counts the curve is linear, above the largest it keeps the largest's
-rate. So a bf16 row is judged against reading 2 bytes per weight, Marlin against 0.52, Q4_K against 0.56, and a
-ratio near 1 means that peer is as fast as its format allows; the format's size is the rest of the story.
+word: the launch); between two measured counts the curve is linear (below the smallest int4-b32 count, toward
+the one-word point), above the largest it keeps the largest's rate. So a bf16 row is judged against reading 2 bytes
+per weight, Marlin against 0.52, Q4_K against 0.56, and a ratio near 1 means that peer is as fast as its format
+allows; the format's size is the rest of the story.
 
     python -m lab.bench.peer_table data/receipts/decode_h100.json      # print both tables
 
@@ -246,8 +247,9 @@ def render(rec) -> str:
     """Both tables with their legend (a markdown block for RESULTS.md)."""
     note = ("Each cell: µs per call and, in brackets, that time over the implementation's OWN read floor: the "
             "read-only kernel's time curve of this run at the bytes that implementation moves (weights, scales, "
-            "activations; the floor was timed at the run's int4-b32 byte counts, linear between them, at the "
-            "largest's rate above it).")
+            "activations; the floor was timed at the run's int4-b32 byte counts and over one word (the receipt's "
+            "`launch` row, 4 bytes); linear between those points, so below the smallest int4-b32 count it runs "
+            "toward the one-word point, and at the largest count's rate above it).")
     parts = ["**Peers at their own read floors: batch-1 GEMV, µs**\n\n" + note + "\n\n" + gemv_table(rec),
              "**Peers at their own read floors: MoE layer, µs** (bf16 at its read floor: the routed experts' bf16 "
              "bytes at this run's read-floor curve)\n\n" + moe_table(rec)]

@@ -28,7 +28,7 @@ GEMV_LABELS = {"int4_b32": "int4_b32 (ours, W4A8, plan table)",
 def floor_fixed_share(rec) -> dict[int, float]:
     """{bytes: share} per read floor of the receipt: the part of the floor's time that streaming its bytes at the
     fastest floor's rate does not explain, 1 - (bytes / fastest bytes-per-µs) / µs. Near 1 the floor is a measured
-    kernel dominated by its launch and tail, not a bandwidth bound."""
+    kernel dominated by a fixed cost per kernel (what it consists of was not measured), not a bandwidth bound."""
     floors = rec.get("floor") or []
     if not floors:
         return {}
