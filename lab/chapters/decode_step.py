@@ -179,9 +179,11 @@ def plot_bars(rec: dict, axes) -> None:
 
 
 def case_table(arch_rec: dict) -> list[dict]:
-    """Per (batch, context): the summary's graphed-over-floor and int4-over-the-best-bf16 ratios (the eager ratios
-    are left out: `eager_ratio` gives them with the range their samples allow). The best bf16 is graphed or compiled
-    where the receipt compiled bf16 (batch 1, first context), graphed only elsewhere."""
+    """Per (batch, context): the summary's graphed-over-floor and int4-over-the-best-bf16 ratios. The summary's eager
+    fields are left out: they take the lowest eager bf16 per layer even where its slope's sample range reaches zero
+    (a negative or near-zero bf16 layer, and ratios from it); `eager_ratio` gives the eager ratios with the range
+    their samples allow, its fastest eager bf16 among slopes whose range lies above zero. The best bf16 is graphed
+    or compiled where the receipt compiled bf16 (batch 1, first context), graphed only elsewhere."""
     out = []
     for key, s in arch_rec.get("summary", {}).items():
         out.append({"case": key, **{k: v for k, v in s.items() if not isinstance(v, dict) and "eager" not in k},

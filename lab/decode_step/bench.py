@@ -2,12 +2,13 @@
 
 Per architecture (the published configuration at real width, random weights, `--layers` decoder layers):
   * states: "bf16" (the model as built, with each transformers experts implementation), "int4"
-    (`quantize_model(model, "rtn", "experts+attn")`), "int4_fused" (int4 plus `fuse_decode(attention=False)`:
-    q/k/v in one GEMV, the router in one kernel, RMSNorm in one kernel) and "int4_fused2" (the same plus
+    (`quantize_model(model, "rtn", "experts+attn")`), "int4_fused" (int4 plus `fuse_decode(attention=False,
+    add_norm=False)`: q/k/v in one GEMV, the router in one kernel, RMSNorm in one kernel) and "int4_fused2" (the same plus
     FusedAttention: q/k norm, rope, the cache write and attention in one launch; FusedDecoderLayer: the residual
     add after attention and the next RMSNorm in one launch);
-  * runs: "eager" (what `generate` gives: the host launches every op), "graphed" (the step captured in one CUDA
-    graph), "compiled" (each decoder layer torch.compile'd, then the step captured);
+  * runs: "eager" (the mode `generate` runs in: the host launches every op; `generate`'s own per-step work is not
+    timed, so likely below what it pays), "graphed" (the step captured in one CUDA graph), "compiled" (each decoder
+    layer torch.compile'd, then the step captured);
   * per (batch, context): the batch's rows are identical sequences (lab.decode_step.step.Stepper), so a batch
     routes to batch 1's experts; the step time at each depth; per layer = the slope between the smallest and largest
     depth, fixed = the rest; at the published depth: fixed + layers x per layer, tokens/s = batch / that step;

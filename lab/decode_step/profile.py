@@ -9,9 +9,14 @@ Categories (a kernel belongs to the innermost labelled module that was running w
     gaps        step time minus the kernels' summed time (launch gaps between kernels, in the graph too)
 
 How: an eager step is profiled with a profiler range per labelled module (forward hooks); a kernel's launch
-(its CPU-side correlation) falls inside ranges, the innermost names it. A graph replay runs the same kernels
-in the same order, so the replay's kernels take the eager step's categories by position (by name where the
-sequences differ, e.g. a memset the graph does not repeat). Per layer = (2 layers) - (1 layer), per category.
+(its CPU-side correlation) falls inside ranges, the innermost names it. The replay's kernels take the eager
+step's categories by position only where the two name sequences match; `profile_eager`'s list also holds the
+device-side `cat:` range records, so with its output they never match and each replay kernel takes its name's most
+frequent eager category, ties to the first seen. A kernel name shared across categories is then filed under one:
+e.g. transformers' two residual adds share their bf16 elementwise-add kernel with rope's two adds (q and k): two
+of each a layer, a tie that "attention" wins, so the replay files the residual adds under "attention" and its
+"glue" reads zero where they are the only glue.
+Per layer = (2 layers) - (1 layer), per category.
 """
 from __future__ import annotations
 
@@ -99,7 +104,8 @@ def attribute(ranges, launches, kernels) -> list:
 
 def map_categories(eager: list, graph: list) -> tuple[list, str]:
     """Categories for a replay's kernels [(name, duration)] from an attributed eager step [(name, cat, dur)]:
-    by position when the name sequences match, else each name's most frequent category. Returns (list, how)."""
+    by position when the name sequences match, else each name's most frequent category (ties: the first seen in
+    the eager list). Returns (list, how)."""
     if [n for n, _ in graph] == [n for n, _, _ in eager]:
         return [(n, c, d) for (n, d), (_, c, _) in zip(graph, eager)], "position"
     votes: dict = defaultdict(Counter)

@@ -6,7 +6,8 @@ Shape legend: B = batch (sequences), C = context (KV positions the static cache 
     stepper.step()              one token for every sequence: forward, argmax, position + 1 (capture-legal:
                                 nothing is read back, every tensor it touches keeps its address)
     stepper.prefill(ids)        eager prefill of a prompt [B, P] through the same cache
-    time_eager(stepper)         host wall time per step: what `generate` pays (the host launches every op)
+    time_eager(stepper)         host wall time per step in the mode `generate` runs in (the host launches every
+                                op; `generate`'s own per-step work is not included, so likely below what it pays)
     time_graphed(stepper)       the step captured once in a CUDA graph and replayed: CUDA-event time per step
     compiled_layers(model)      every decoder layer torch.compile'd (inductor; one compile serves all layers)
     greedy(model, prompt, n)    n greedy tokens after a prefill, eager or replayed from one graph
@@ -85,7 +86,7 @@ class Stepper:
 
 def time_eager(st: Stepper, steps: int = 8, warmup: int = 2, samples: int = 3) -> dict:
     """Median over `samples` of the host wall time per step, `steps` steps after `warmup` (synchronised at the
-    ends only, as `generate` runs)."""
+    ends only; `generate`'s own per-step work, its stopping checks and logits processing, is not included)."""
     if warmup + steps > HEADROOM:
         raise ValueError(f"warmup + steps must be <= HEADROOM = {HEADROOM}")
     per = []
