@@ -12,9 +12,9 @@ other generations keep the H200 row until someone measures them. A sweep tries o
 GemvPlan to the launchers (`plan=`), never by changing this table at run time.
 
 Split-K rule: a GEMV grid of cdiv(N, block_n) * R programs is too small to keep every SM streaming
-weights when N is small and K large (4096x14336: 64 programs for 132 SMs). Splitting K into `split_k`
-slices multiplies the programs; the price is SK * R * N float32 partials written and read once by the
-last-arriving program of each tile (epilogue.finish_rows), in the same launch.
+weights when N is small and K large (4096x14336 at one row: 128 programs of block_n 32 for 132 SMs).
+Splitting K into `split_k` slices multiplies the programs; the price is SK * R * N float32 partials written
+and read once by the last-arriving program of each tile (epilogue.finish_rows), in the same launch.
 We split until the grid holds about `waves` programs per SM, never more than 16 slices and never
 more slices than K tiles.
 """

@@ -16,6 +16,8 @@ router-weighted combine against combine_rows (`fused_combine_case`).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from unittest import mock
@@ -88,19 +90,29 @@ def linear_case(R, N, K, device, act, pack=None):
     return _row(f"int4_linear act={act}", f"R{R} {N}x{K}", out, xd @ w.T)
 
 
-def grouped_case(L, N, K, E, device, block_m=4):
-    """The dp4a grouped kernel on L routed rows over E >= 2 experts. The ids skip expert E // 2, so an expert with
-    no row always sits between experts that have rows (a random draw leaves one empty only by chance); the row
-    adds "empty_experts", the number of experts that got no row."""
+def grouped_case(L, N, K, E, device, block_m=4, kind="dp4a"):
+    """The grouped kernel on L routed rows over E >= 2 experts: kind "dp4a" on the device's table row for
+    block_m; "mma", the tensor-core kernel, on the tile of sm90's first tensor-core row (block_n, block_k) at
+    block_m >= 4, weights loaded by the threads (not TMA; the suite checks that TMA gives the same bits), one warp
+    off a GPU. The ids skip expert E // 2, so an expert with no row always sits between experts that have rows (a
+    random draw leaves one empty only by chance); the row adds "empty_experts", the number of experts that got no
+    row."""
     if E < 2:
         raise ValueError(f"E must be >= 2 (one expert is left without rows), got {E}")
+    if kind not in ("dp4a", "mma"):
+        raise ValueError(f"kind must be 'dp4a' or 'mma', got {kind!r}")
+    plan = None
+    if kind == "mma":
+        row = next(p for *_, p in _plan.GROUPED_TABLE["sm90"] if p.kind == "mma")
+        plan = dataclasses.replace(row, block_m=block_m, tma=False, half_tiles=False,
+                                   num_warps=row.num_warps if torch.device(device).type == "cuda" else 1)
     p, s = (t.to(device) for t in pack_int4_b32(torch.randn(E, N, K) * 0.1))
     ids = torch.randint(0, E - 1, (L,), dtype=torch.int32)
     ids = (ids + (ids >= E // 2).int()).to(device)            # E - 1 values onto [0, E) without E // 2
     t = build_group_tiles(ids, E, block_m)
     xq, xs = quant_x_rows(torch.randn(L, K).bfloat16().to(device))
-    out = gemm_int4_b32_grouped(xq, xs, p, s, t, out=_poisoned((L, N), device))
-    row = _row("gemm_int4_b32_grouped", f"L{L} {N}x{K} E{E} block_m={block_m}", out,
+    out = gemm_int4_b32_grouped(xq, xs, p, s, t, out=_poisoned((L, N), device), plan=plan)
+    row = _row(f"gemm_int4_b32_grouped {kind}", f"L{L} {N}x{K} E{E} block_m={block_m}", out,
                _gemv_ref64(xq, xs, p, s, ids, N, K))
     row["empty_experts"] = int((torch.bincount(ids.cpu().long(), minlength=E) == 0).sum())
     return row

@@ -63,6 +63,14 @@ def test_grouped_case_leaves_a_middle_expert_without_rows():
         accuracy.grouped_case(4, 8, 64, 1, "cpu")
 
 
+def test_grouped_case_runs_the_tensor_core_kernel():
+    row = accuracy.grouped_case(9, 8, 64, 3, "cpu", block_m=4, kind="mma")
+    assert row["kernel"].endswith("mma") and row["empty_experts"] >= 1 and row["unwritten"] == 0
+    assert row["rel_err"] <= accuracy.TOLERANCE
+    with pytest.raises(ValueError, match="kind must be"):
+        accuracy.grouped_case(4, 8, 64, 3, "cpu", kind="wmma")
+
+
 def test_excerpt_cuts_between_markers_and_names_a_missing_one():
     text = accuracy.excerpt(quant_blocks, "amax =", "inv =")
     lines = text.splitlines()
