@@ -2,15 +2,13 @@
 
     python -m int4lab.export --model mixtral --scheme rtn --targets experts --out mixtral-q4_0.gguf
     python -m int4lab.export --model olmoe --source --out olmoe-f32.gguf          # the unquantised reference
-    python -m int4lab.export --model /path/to/ckpt --scheme gptq --out ckpt.gguf   # with this repository's vocabulary
-
-Shape legend: E = experts, N = out features, K = in features (K % 32 == 0 for a Q4_0 tensor),
-H = hidden size, I = expert intermediate size, V = vocabulary, L = layer index.
-
+    python -m int4lab.export --model /path/to/ckpt --scheme gptq --out ckpt.gguf   # its tokenizer.json, if it has one
+Shapes: E experts, N out, K in features (K % 32 == 0 for Q4_0), H hidden, I expert intermediate, V vocabulary, L layer.
 Unless `--source`, `build_model` first quantises (`quantize_model`: RTN, or GPTQ on `--calib-tokens`); the writer
-re-rounds nothing. `int4lab.q4_0.int4_b32_to_q4_0` transcodes each int4-b32 pack: other bytes (nibbles j|j+16, the
-fp16 scale bits copied into each block), bit-identical decoded weights. The rest is written as the model holds it:
-embeddings, lm_head, other 2-D weights F32 (exact for bf16/fp32) or F16 (`--ftype f16`); norms, router F32.
+re-rounds nothing. `int4lab.q4_0.int4_b32_to_q4_0` transcodes each pack: other bytes (nibbles j|j+16, the fp16 scale
+bits copied into each block), bit-identical decoded weights. The rest is written as the model holds it: embeddings,
+lm_head, other 2-D weights F32 (exact for bf16/fp32) or F16 (`--ftype f16`); norms, router F32. A checkpoint
+directory with a tokenizer.json is written with that vocabulary (byte-level BPE only; others are refused).
 
 How transformers 5 names map onto llama.cpp's (gguf-py `MODEL_TENSOR` names, per block L; each architecture's
 `int4lab.archs` record holds its mapping, llama.cpp architecture and routing flags):
@@ -24,10 +22,9 @@ How transformers 5 names map onto llama.cpp's (gguf-py `MODEL_TENSOR` names, per
     mlp.shared_expert.{gate,up,down}_proj   blk.L.ffn_{gate,up,down}_shexp   (Qwen2-MoE, [S, H] / [H, S])
     mlp.shared_expert_gate     blk.L.ffn_gate_inp_shexp [1, H]     self_attn.{q,k,v}_proj.bias  blk.L.attn_{q,k,v}.bias
 
-Mixtral goes to llama.cpp's `llama` architecture, which applies rotary embeddings to adjacent pairs (its "normal"
-rope) where transformers rotates halves; llama.cpp's converter therefore permutes the rows of q and k
-(`LlamaModel.permute`), and so do we. Permuting rows moves whole Q4_0 rows, so it stays lossless. OLMoE (`olmoe`),
-Qwen3-MoE (`qwen3moe`) and Qwen2-MoE (`qwen2moe`) use llama.cpp's NEOX rope, the transformers layout: no permute.
+Mixtral goes to llama.cpp's `llama` architecture, which rotates adjacent pairs (its "normal" rope) where transformers
+rotates halves; llama.cpp's converter therefore permutes the rows of q and k (`LlamaModel.permute`), and so do we:
+whole Q4_0 rows move, losslessly. OLMoE, Qwen3-MoE and Qwen2-MoE use llama.cpp's NEOX rope, transformers' layout.
 llama.cpp fixes each architecture's top-k renormalisation (llama and qwen3moe: yes, olmoe and qwen2moe: no); a config
 that says otherwise is refused rather than silently run with other routing.
 """
@@ -381,13 +378,16 @@ def main(argv=None) -> int:
             raise ValueError("--source writes the unquantised model: drop --scheme / --targets, or drop --source")
         check_out_path(args.out, force=args.force)
         _, context = model_name_and_context(args.model)   # a tiny model name, or a directory with a usable config
+        own = Path(args.model) / "tokenizer.json"          # a checkpoint's own vocabulary, checked before the build
+        tok_dir = read_tokenizer(own.parent)[0].parent if own.is_file() else None
         check_settings(calib_tokens=args.calib_tokens, calib_len=args.calib_len,    # the gate's calibration rules
                        trained_context=None if args.source else context)
         scheme, targets = args.scheme or "rtn", args.targets or "experts"
         m, _, name = build_model(args.model, None if args.source else scheme, targets,
                                  calib_tokens=args.calib_tokens, calib_len=args.calib_len, progress=True)
         label = "source" if args.source else f"{scheme}-{targets}"
-        path = write_gguf(m, args.out, name=f"{name}-{label}", ftype=args.ftype, force=args.force)
+        path = write_gguf(m, args.out, name=f"{name}-{label}", ftype=args.ftype, force=args.force,
+                          tokenizer_dir=tok_dir)
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

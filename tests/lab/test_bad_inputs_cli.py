@@ -237,3 +237,30 @@ def test_synth_stages_its_checkpoint_and_keeps_umask_modes(tmp_path, monkeypatch
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
     assert set(modes.values()) == {0o644}, modes
     assert [p.name for p in tmp_path.iterdir()] == ["ck"]
+
+
+def test_export_writes_a_checkpoints_own_vocabulary_and_refuses_one_it_cannot_map(tmp_path, capsys):
+    """A checkpoint directory's tokenizer.json is the vocabulary written (here two ids swapped, the same size, which a
+    count check alone would pass with this repository's tokens); a tokenizer llama.cpp's gpt2 vocabulary cannot
+    hold is refused before the model is built."""
+    import json
+
+    import gguf
+
+    from lab.synth import write_checkpoint
+    ck = tmp_path / "ck"
+    write_checkpoint("olmoe", 1, ck, "tiny", dtype=torch.float32, device="cpu")
+    tj = json.loads((ck / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = tj["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[-2:]
+    vocab[a], vocab[b] = vocab[b], vocab[a]            # two ids swapped: another vocabulary of the same size
+    (ck / "tokenizer.json").write_text(json.dumps(tj), encoding="utf-8")
+    out = tmp_path / "x.gguf"
+    assert export.main(["--model", str(ck), "--source", "--out", str(out)]) == 0
+    tokens = gguf.GGUFReader(str(out)).fields["tokenizer.ggml.tokens"]
+    names = [bytes(tokens.parts[i]).decode() for i in tokens.data]
+    assert (names[vocab[a]], names[vocab[b]]) == (a, b)        # the checkpoint's ids, not this repository's
+    tj["pre_tokenizer"] = {"type": "Metaspace"}
+    (ck / "tokenizer.json").write_text(json.dumps(tj), encoding="utf-8")
+    assert export.main(["--model", str(ck), "--source", "--out", str(tmp_path / "y.gguf")]) == 2
+    assert "only a byte-level BPE tokenizer" in capsys.readouterr().err and not (tmp_path / "y.gguf").exists()
