@@ -7,8 +7,8 @@ Shapes: E experts, N out, K in features (K % 32 == 0 for Q4_0), H hidden, I expe
 Unless `--source`, `build_model` first quantises (`quantize_model`: RTN, or GPTQ on `--calib-tokens`); the writer
 re-rounds nothing. `int4lab.q4_0.int4_b32_to_q4_0` transcodes each pack: other bytes (nibbles j|j+16, the fp16 scale
 bits copied into each block), bit-identical decoded weights. The rest is written as the model holds it: embeddings,
-lm_head, other 2-D weights F32 (exact for bf16/fp32) or F16 (`--ftype f16`); norms, router F32. A checkpoint
-directory with a tokenizer.json is written with that vocabulary (byte-level BPE only; others are refused).
+lm_head, other 2-D weights F32 (exact for bf16/fp32) or F16 (`--ftype f16`); norms, router F32. A checkpoint directory's
+tokenizer.json is the vocabulary written (a BPE whose pre_tokenizer is ByteLevel itself; others are refused).
 
 How transformers 5 names map onto llama.cpp's (gguf-py `MODEL_TENSOR` names, per block L; each architecture's
 `int4lab.archs` record holds its mapping, llama.cpp architecture and routing flags):
@@ -227,7 +227,7 @@ def read_tokenizer(tokenizer_dir=None):
     path = Path(tokenizer_dir or TOKENIZER_DIR) / "tokenizer.json"
     tj = json.loads(path.read_text(encoding="utf-8"))
     if tj["model"]["type"] != "BPE" or (tj.get("pre_tokenizer") or {}).get("type") != "ByteLevel":
-        raise ValueError(f"{path}: only a byte-level BPE tokenizer maps onto llama.cpp's gpt2 vocabulary")
+        raise ValueError(f"{path}: only a BPE whose pre_tokenizer is ByteLevel itself maps onto llama.cpp's gpt2 vocab")
     vocab = dict(tj["model"]["vocab"])
     specials = {t["id"]: t["content"] for t in tj.get("added_tokens", [])}
     vocab.update({c: i for i, c in specials.items()})
@@ -342,8 +342,8 @@ def read_q4_0_decoded(path) -> dict:
 def build_model(model: str, scheme: str | None, targets: str = "experts", *, calib_tokens: int = 16384,
                 calib_len: int = 256, progress: bool = False):
     """(model fp32 on the CPU, tokenizer, short name): the source, or quantised by `quantize_model`
-    (scheme "rtn" | "gptq"; W4A8, the activation mode llama.cpp's CPU path runs). GPTQ calibrates on the
-    training split as the gate does (calib_tokens in windows of calib_len; the gate's defaults)."""
+    (scheme "rtn" | "gptq"; W4A8, as llama.cpp's CPU path runs). GPTQ: the gate's draw#0 (seed 0) on the training
+    split, calib_tokens in windows of calib_len (the gate's defaults for the small models only)."""
     from .gate import calibration_ids, load_model
     from .quantize import quantize_model
     m, tok, name = load_model(model, torch.float32, "cpu")
@@ -366,7 +366,7 @@ def main(argv=None) -> int:
                     help="write the unquantised model instead (reference; takes no --scheme / --targets)")
     ap.add_argument("--ftype", choices=FLOAT_TYPES, default="f32", help="type of the weights that are not packs")
     ap.add_argument("--calib-tokens", type=int, default=16384, help="GPTQ calibration tokens (train split)")
-    ap.add_argument("--calib-len", type=int, default=256, help="calibration window (the trained context)")
+    ap.add_argument("--calib-len", type=int, default=256, help="calibration window (256, the small models' context)")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     args = ap.parse_args(argv)

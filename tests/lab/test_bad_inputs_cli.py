@@ -263,4 +263,4 @@ def test_export_writes_a_checkpoints_own_vocabulary_and_refuses_one_it_cannot_ma
     tj["pre_tokenizer"] = {"type": "Metaspace"}
     (ck / "tokenizer.json").write_text(json.dumps(tj), encoding="utf-8")
     assert export.main(["--model", str(ck), "--source", "--out", str(tmp_path / "y.gguf")]) == 2
-    assert "only a byte-level BPE tokenizer" in capsys.readouterr().err and not (tmp_path / "y.gguf").exists()
+    assert "only a BPE whose pre_tokenizer is ByteLevel" in capsys.readouterr().err and not (tmp_path / "y.gguf").exists()
