@@ -138,8 +138,8 @@ def fitted(fits: dict, key: str, fmt=None) -> str:
 def warmup_text(r: dict) -> str:
     """Whether the measured gate ran after an unmeasured small one (kernels compiled) or paid compilation itself."""
     w = r["settings"].get("warmup")
-    if w is None:                   # fit mode warms up until one of an architecture's depths has run its gate
-        w = "none" if r["settings"].get("mode") == "full depth" else (
+    if w is None or w == "before each architecture's first depth":   # the fit mode's rule, stated as the code runs it:
+        w = "none" if r["settings"].get("mode") == "full depth" else (  # a warm-up until a depth has run its gate
             "before each architecture's first depth, and again before each later depth while none has succeeded")
     return "no warm-up (the measured run pays every first-use cost, kernel compilation included)" if w == "none" \
         else f"an unmeasured warm-up gate {w} (twenty documents of one text, one arm per scheme and target)"
