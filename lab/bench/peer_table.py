@@ -4,8 +4,9 @@ A row's own floor is the read-floor curve of the same run at the row's bytes (`b
 activations): the floor kernel (lab/bench/floor.py) was timed at every int4-b32 byte count of the run (and at one
 word: the launch); between two measured counts the curve is linear (below the smallest int4-b32 count, toward
 the one-word point), above the largest it keeps the largest's rate. So a bf16 row is judged against reading 2 bytes
-per weight, Marlin against 0.52, Q4_K against 0.56, and a ratio near 1 means that peer is as fast as its format
-allows; the format's size is the rest of the story.
+per weight, Marlin against 0.52, Q4_K against 0.56. A ratio near 1 means that peer takes about as long as the run's
+read-only kernel over its bytes: close to the read bandwidth where that floor is mostly streaming, only about the
+same fixed cost where the floor is mostly fixed cost (small byte counts); the format's size is the rest of the story.
 
     python -m lab.bench.peer_table data/receipts/decode_h100.json      # print both tables
 
