@@ -208,7 +208,7 @@ def _target_rec(compiled: bool, rows=(), summary=None, floors=None, skipped=()) 
 
 
 def test_tokens_target_is_undecided_without_compiled_bf16():
-    """The tokens/s target against transformers' bf16 at its fastest is decided only where bf16 was compiled;
+    """The tokens/s target against the fastest transformers bf16 measured is decided only where bf16 was compiled;
     without a compiled bf16 row it is undecided, with the reason, and the graphed comparison is its own (lower)
     target."""
     from lab.chapters import decode_targets as tg
