@@ -25,8 +25,7 @@ How transformers 5 names map onto llama.cpp's (gguf-py `MODEL_TENSOR` names, per
 Mixtral goes to llama.cpp's `llama` architecture, which rotates adjacent pairs (its "normal" rope) where transformers
 rotates halves; llama.cpp's converter therefore permutes the rows of q and k (`LlamaModel.permute`), and so do we:
 whole Q4_0 rows move, losslessly. OLMoE, Qwen3-MoE and Qwen2-MoE use llama.cpp's NEOX rope, transformers' layout.
-llama.cpp fixes each architecture's top-k renormalisation (llama and qwen3moe: yes, olmoe and qwen2moe: no); a config
-that says otherwise is refused rather than silently run with other routing.
+llama.cpp fixes each architecture's top-k renormalisation (llama, qwen3moe: yes; olmoe, qwen2moe: no); others refused.
 """
 from __future__ import annotations
 
@@ -221,8 +220,7 @@ def add_hparams(writer, model) -> None:
 
 
 def read_tokenizer(tokenizer_dir=None):
-    """(path, tokenizer.json as a dict, {token: id} with the specials, {id: special}, token count) of the byte-level
-    BPE tokenizer in `tokenizer_dir` (default: this repository's)."""
+    """(path, tokenizer.json dict, {token: id} with specials, {id: special}, token count) of `tokenizer_dir`'s BPE."""
     from .models import TOKENIZER_DIR
     path = Path(tokenizer_dir or TOKENIZER_DIR) / "tokenizer.json"
     tj = json.loads(path.read_text(encoding="utf-8"))
@@ -230,6 +228,8 @@ def read_tokenizer(tokenizer_dir=None):
         raise ValueError(f"{path}: only a BPE whose pre_tokenizer is ByteLevel itself maps onto llama.cpp's gpt2 vocab")
     vocab = dict(tj["model"]["vocab"])
     specials = {t["id"]: t["content"] for t in tj.get("added_tokens", [])}
+    if not {"<|bos|>", "<|eos|>"} <= set(specials.values()):    # what `add_tokenizer` names llama.cpp's BOS and EOS
+        raise ValueError(f"{path}: needs special tokens <|bos|> and <|eos|> (written as the GGUF's BOS and EOS)")
     vocab.update({c: i for i, c in specials.items()})
     return path, tj, vocab, specials, max(vocab.values()) + 1
 
@@ -253,9 +253,9 @@ def add_tokenizer(writer, tokenizer_dir=None, add_bos: bool = True) -> None:
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)
-    writer.add_bos_token_id(byname.get("<|bos|>", 0))
-    writer.add_eos_token_id(byname.get("<|eos|>", 1))
-    writer.add_pad_token_id(byname.get("<|eos|>", 1))
+    writer.add_bos_token_id(byname["<|bos|>"])
+    writer.add_eos_token_id(byname["<|eos|>"])
+    writer.add_pad_token_id(byname["<|eos|>"])
     writer.add_add_bos_token(add_bos)
     writer.add_add_eos_token(False)
 

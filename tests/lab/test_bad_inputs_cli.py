@@ -242,7 +242,7 @@ def test_synth_stages_its_checkpoint_and_keeps_umask_modes(tmp_path, monkeypatch
 def test_export_writes_a_checkpoints_own_vocabulary_and_refuses_one_it_cannot_map(tmp_path, capsys):
     """A checkpoint directory's tokenizer.json is the vocabulary written (here two ids swapped, the same size, which a
     count check alone would pass with this repository's tokens); a tokenizer llama.cpp's gpt2 vocabulary cannot
-    hold is refused before the model is built."""
+    hold, or one without the special tokens written as BOS and EOS, is refused before the model is built."""
     import json
 
     import gguf
@@ -260,7 +260,10 @@ def test_export_writes_a_checkpoints_own_vocabulary_and_refuses_one_it_cannot_ma
     tokens = gguf.GGUFReader(str(out)).fields["tokenizer.ggml.tokens"]
     names = [bytes(tokens.parts[i]).decode() for i in tokens.data]
     assert (names[vocab[a]], names[vocab[b]]) == (a, b)        # the checkpoint's ids, not this repository's
-    tj["pre_tokenizer"] = {"type": "Metaspace"}
-    (ck / "tokenizer.json").write_text(json.dumps(tj), encoding="utf-8")
-    assert export.main(["--model", str(ck), "--source", "--out", str(tmp_path / "y.gguf")]) == 2
-    assert "only a BPE whose pre_tokenizer is ByteLevel" in capsys.readouterr().err and not (tmp_path / "y.gguf").exists()
+    capsys.readouterr()
+    for bad, says in (({"pre_tokenizer": {"type": "Metaspace"}}, "only a BPE whose pre_tokenizer is ByteLevel"),
+                      ({"added_tokens": [{**t, "content": "<s>"} if t["content"] == "<|bos|>" else t
+                                         for t in tj["added_tokens"]]}, "needs special tokens <|bos|> and <|eos|>")):
+        (ck / "tokenizer.json").write_text(json.dumps({**tj, **bad}), encoding="utf-8")
+        assert export.main(["--model", str(ck), "--source", "--out", str(tmp_path / "y.gguf")]) == 2
+        assert says in capsys.readouterr().err and not (tmp_path / "y.gguf").exists()
