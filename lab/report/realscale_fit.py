@@ -58,8 +58,9 @@ def gptq_text(ex: dict, depths: dict, card_bytes, fitted, gb) -> str:
                  + (f"; at {n} layers the source alone ({gb(cap['source_gpu_bytes_full_depth'])} fitted) "
                     f"{'exceeds' if cap['source_exceeds_cap'] else 'stays under'} the GPU's `--max-memory` share "
                     f"({gb(cap['gpu_cap_bytes'])})" if cap.get("gpu_cap_bytes") else "")
-                 + (f", while the GPU-peak fit (the source and one group of arms) reaches {gb(peak)} against the "
-                    f"card's {gb(card_bytes)}: how such a run places its arms was not measured"
+                 + (f", while the GPU-peak fit, extrapolating the group of arms every measured depth held, reaches "
+                    f"{gb(peak)} against the card's {gb(card_bytes)}: how many arms such a run holds beside the source "
+                    f"was not predicted for a device-map run, nor measured"
                     if peak and card_bytes and peak > card_bytes else "") + ".")
     swept = gptq_swept(depths)
     if swept:
