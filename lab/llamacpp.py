@@ -352,7 +352,7 @@ def paired_bootstrap(nll_a: torch.Tensor, nll_b: torch.Tensor, reps: int = BOOTS
 # where our quantised model's ppl differs from our source model's by less than the margin, the verdict cannot tell
 # llama.cpp reproducing the quantised model from it reproducing the unquantised one. No paired CI of llama.cpp
 # against the source model is computed here (the receipts keep no per-window NLLs), so the CI cannot separate them;
-# the emulation of llama.cpp's numerics (which closes most of the per-token gap) shows which model it reproduces.
+# the emulation of llama.cpp's numerics (which closes most of the per-token gap) points to which one it reproduces.
 EQUIV_MARGIN = 0.0025
 
 
