@@ -229,8 +229,8 @@ def realscale_table(receipts=RECEIPTS) -> str:
             r = read(path)
             st = r["settings"]
             rows = "; ".join(f"{row['batch']}: many-row path {row['prefill_over_bf16']:.3f}×, decode path "
-                             f"{row['decode_over_bf16']:.2f}× (logits against the decode path: max relative "
-                             f"{row['logits']['prefill_vs_decode']['max_rel']:.3f})" for row in r["rows"])
+                             f"{row['decode_over_bf16']:.2f}× (logits against the decode path: largest |Δ logit| "
+                             f"{row['logits']['prefill_vs_decode']['max_rel']:.3f} of the largest |logit|)" for row in r["rows"])
             out.append(f"Scoring throughput against bf16 (`data/receipts/{path.name}`, {_prov(r)}; "
                        f"{st['arch']} at the published width, {st['layers']} layers, {st['targets']}, tokens/s over "
                        f"bf16 with {st['experts_implementation']} experts): {rows}. Target ≥ "
