@@ -102,15 +102,22 @@ def _setup(r: dict) -> tuple:
     return r["provenance"]["device"], r["provenance"]["torch"], r.get("transformers")
 
 
+def _comparable(rec: dict, path: Path, commit: str) -> dict | None:
+    """The version of the receipt at `path` that `commit` holds, where its card, torch and transformers match `rec`'s;
+    None otherwise (or without that history)."""
+    from .history import receipt_at
+    old = receipt_at(path, commit)
+    return old if old is not None and _setup(old) == _setup(rec) else None
+
+
 def run_to_run(rec: dict, path: Path, commit: str = REPLACED) -> dict:
     """How far this receipt moved from the version at `commit` where card, torch and transformers match: per kind
     ("graphed", "compiled" per-layer times, "floor" read floors), (largest |relative change|, count, unmatched) over
     the rows both hold with the same model, state, experts implementation, batch and context; unmatched lists this
     receipt's rows of that kind the older version lacks ("model state impl run B<b> C<c>", or "model floor <key>"):
     not measured again in that version (`earlier_runs` looks for them in older ones). {} without that version."""
-    from .history import receipt_at
-    old, out = receipt_at(path, commit), {}
-    if old is None or _setup(old) != _setup(rec):
+    old, out = _comparable(rec, path, commit), {}
+    if old is None:
         return out
     for arch, a in rec["archs"].items():
         o = old["archs"].get(arch) or {"floors": {}, "rows": []}
@@ -134,11 +141,10 @@ def earlier_runs(rec: dict, path: Path, names, commits=EARLIER) -> dict:
     at `commits` where card, torch and transformers match: {name: [(commit, row, kernel sources alike)]},
     one entry per version holding that row. "Kernel sources alike" compares `provenance.kernel_sources_sha256`: a
     row measured at other kernel sources is not a second measurement of the int4 kernels measured here."""
-    from .history import receipt_at
     out = {n: [] for n in names}
     for commit in commits:
-        old = receipt_at(path, commit)
-        if old is None or _setup(old) != _setup(rec):
+        old = _comparable(rec, path, commit)
+        if old is None:
             continue
         alike = old["provenance"].get("kernel_sources_sha256") == rec["provenance"].get("kernel_sources_sha256")
         for arch, a in old["archs"].items():
@@ -152,9 +158,8 @@ def eager_run_to_run(rec: dict, path: Path, commit: str = REPLACED) -> dict:
     """The eager ratios over bf16's default experts implementation (`eager_ratio`) in this receipt and in the version
     at `commit` where card, torch and transformers match: {(model, "B<b> C<c>", state): (this, that)} for each int4
     state whose ratio is decided in both. Each range holds only its run's own samples; {} without that version."""
-    from .history import receipt_at
-    old, out = receipt_at(path, commit), {}
-    if old is None or _setup(old) != _setup(rec):
+    old, out = _comparable(rec, path, commit), {}
+    if old is None:
         return out
     for arch, a in rec["archs"].items():
         o = old["archs"].get(arch)
@@ -239,9 +244,8 @@ def replicated(rec: dict, path: Path, commit: str = REPLACED) -> tuple[dict, boo
     target): that version's value} for each target with a value and a bound whose rows ("model state impl run
     B<b> C<c>") are the same in both, whether the two versions' kernel sources hash alike). ({}, False) without
     that version."""
-    from .history import receipt_at
-    old = receipt_at(path, commit)
-    if old is None or _setup(old) != _setup(rec):
+    old = _comparable(rec, path, commit)
+    if old is None:
         return {}, False
     was = {(t["arch"], t["target"]): t for t in targets(old)}
     same = {(t["arch"], t["target"]): w["value"] for t in targets(rec) for w in [was.get((t["arch"], t["target"]))]

@@ -1,5 +1,5 @@
 """Earlier versions of a committed receipt, read from git history: chapters 05 and 07 set a receipt beside the run
-it replaced, and the pages show a real-width run whose measured code has changed since. A checkout without that
+it replaced, and the receipt tests name the sources that changed since a receipt's commit. A checkout without that
 history (an archive, a shallow clone) gets None and the readers say so."""
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ from int4lab.files import write_text_atomic
 
 from lab.bench.schema import DEFAULT_OUT
 from lab.chapters.decode_step import eager_ratio, eager_text, slope_range     # chapter 07's rule for an eager slope
-from lab.chapters.history import changed_since, receipt_at, text_at
-from lab.paths import RECEIPTS, ROOT
+from lab.paths import RECEIPTS
 from lab.provenance import portable_command
 from .realscale_fit import gptq_text
 from .runlog import summary_text
@@ -111,15 +110,6 @@ def _not_yet(name: str, module: str, stage: str) -> str:
             f"(`lab/gpu_run.sh`, stage `{stage}`).")
 
 
-# Real-width runs whose measured code has changed since, shown as the commit that measured them holds them (the
-# tree keeps only receipts of its own code): the full-depth OLMoE gate, measured before the gate's calibration
-# length default was cut to the calibration set (OLMoE's 4,096-token context is below it, so its arms are the same)
-# and two of its messages were reworded; the block names the files that differ.
-REALSCALE_HISTORY = (("data/receipts/realscale_gate_full_olmoe_h100.json",
-                      "7204c6c26ceb7bbf8973778e187b31cf261a59cc"),)
-REL = "data/receipts"
-
-
 def fit_flags(fits: dict) -> list:
     """The fits behind the time targets (gate, forwards, calibration forwards) with a negative slope (a deeper run
     measured less): any one leaves the full-depth time and gate / forwards undecided, whatever the receipt's
@@ -150,26 +140,16 @@ def realscale_table(receipts=RECEIPTS) -> str:
     measured depth, the gate's wall time, the time inside its forwards, its peaks and verdicts; then each quantity
     fitted as fixed + layers x per_layer and taken to the published depth (the arithmetic in the receipt), against
     the targets. Then the many-row scoring path's bench (`prefill_*.json`). "not yet measured" without receipts."""
-    found = [(p, r, p.with_suffix(".log").read_text(encoding="utf-8", errors="replace")
-              if p.with_suffix(".log").exists() else None, None)
-             for p, r in _receipts("realscale_gate_*.json", receipts)]
-    for rel, commit in REALSCALE_HISTORY if Path(receipts) == RECEIPTS else ():
-        path = ROOT / rel
-        if not path.exists() and (r := receipt_at(path, commit)) is not None:
-            found.append((path, r, text_at(path.with_suffix(".log"), commit), commit))
+    found = _receipts("realscale_gate_*.json", receipts)
     if not found:
         return _not_yet("realscale_gate_[full_]<arch>_<card>.json", "lab.realscale_gate", "gate")
     out = []
-    for path, r, log, commit in found:
+    for path, r in found:
         with reading(path):
             why = r.get("interrupted") or "no reason recorded"     # a run that stopped early says so first
-            where = "" if commit is None else (
-                f" as commit `{commit[:12]}` holds it (not in this tree: of the code it measured, "
-                f"{', '.join(f'`{f}`' for f in changed_since(r))} differ here; `git show {commit[:12]}:{REL}/"
-                f"{path.name}`)")
             lines = [("" if r.get("complete") is not False else
                       f"**Partial run: `{path.name}` stopped before every depth ran** ({why}); the rows below are "
-                      "the depths that finished.\n\n") + f"`data/receipts/{path.name}`{where} ({_prov(r)}; "
+                      "the depths that finished.\n\n") + f"`data/receipts/{path.name}` ({_prov(r)}; "
                      f"`{portable_command(r['provenance'].get('command'))}`; {warmup_text(r)}):", "",
                      "| model | layers | gate | build arms (by kind, s) | score | inside forwards | gate / forwards | GPU peak | "
                      "host peak | arms in groups | verdicts |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -207,7 +187,8 @@ def realscale_table(receipts=RECEIPTS) -> str:
                     gof_cell = (f"**{gof['value']:.1f}** (target ≤ {gof['target']}: "
                                 f"{'met' if gof['met'] else 'missed'})")
                 lines.append(_line([arch, f"**{ex['full_layers']} (fitted)**", time_cell,
-                                    fitted(ex["fits"], "build_s"), fitted(ex["fits"], "score_s"), "–", gof_cell, _gb(mem["peak_bytes"]) + " predicted" if mem.get("peak_bytes") else "–",
+                                    fitted(ex["fits"], "build_s"), fitted(ex["fits"], "score_s"), "–", gof_cell,
+                                    _gb(mem["peak_bytes"]) + " predicted" if mem.get("peak_bytes") else "–",
                                     fitted(ex["fits"], "host_peak_bytes", _gb),
                                     f"{mem.get('arms_per_group')} per group, {mem.get('groups')} groups" if mem else "–",
                                     "–"]))
@@ -220,9 +201,8 @@ def realscale_table(receipts=RECEIPTS) -> str:
             if not any(a.get("depths") for a in r.get("archs", {}).values()):
                 lines = [lines[0].replace("stopped before every depth ran", "stopped before any depth finished")
                          .replace("; the rows below are the depths that finished.", ".")]   # no table to show
-            if r.get("complete") is False and log is not None:
-                shown = None if commit is None else f"git show {commit[:12]}:{REL}/{path.with_suffix('.log').name}"
-                lines += ["", summary_text(path.with_suffix(".log"), log, shown)]
+            if r.get("complete") is False and path.with_suffix(".log").exists():
+                lines += ["", summary_text(path.with_suffix(".log"))]
             out.append("\n".join(lines))
     for path in sorted(Path(receipts).glob("prefill_*.json")):
         with reading(path):
@@ -230,7 +210,8 @@ def realscale_table(receipts=RECEIPTS) -> str:
             st = r["settings"]
             rows = "; ".join(f"{row['batch']}: many-row path {row['prefill_over_bf16']:.3f}×, decode path "
                              f"{row['decode_over_bf16']:.2f}× (logits against the decode path: largest |Δ logit| "
-                             f"{row['logits']['prefill_vs_decode']['max_rel']:.3f} of the largest |logit|)" for row in r["rows"])
+                             f"{row['logits']['prefill_vs_decode']['max_rel']:.3f} of the largest |logit|)"
+                             for row in r["rows"])
             out.append(f"Scoring throughput against bf16 (`data/receipts/{path.name}`, {_prov(r)}; "
                        f"{st['arch']} at the published width, {st['layers']} layers, {st['targets']}, tokens/s over "
                        f"bf16 with {st['experts_implementation']} experts): {rows}. Target ≥ "

@@ -43,10 +43,9 @@ def summary(text: str) -> dict:
     return out
 
 
-def summary_text(path: Path, text: str | None = None, name: str | None = None) -> str:
-    """One paragraph of what the log at `path` shows (figures as printed there); `text` and `name`: the log's text
-    and how the paragraph names it, when it is read from elsewhere than `path` (an earlier commit)."""
-    s = summary(Path(path).read_text(encoding="utf-8", errors="replace") if text is None else text)
+def summary_text(path: Path) -> str:
+    """One paragraph of what the log at `path` shows (figures as printed there)."""
+    s = summary(Path(path).read_text(encoding="utf-8", errors="replace"))
     parts = []
     if "checkpoint_s" in s:
         parts.append(f"checkpoint {s['checkpoint_gib']:.2f} GiB written in {s['checkpoint_s']:.1f} s")
@@ -62,5 +61,4 @@ def summary_text(path: Path, text: str | None = None, name: str | None = None) -
                      "included)")
     if "stage_s" in s:
         parts.append(f"the stage ended {s['stage_s']} s after it began")
-    label = name or f"data/receipts/{Path(path).name}"
-    return f"Its log, `{label}`: " + ("; ".join(parts) if parts else "no phase finished") + "."
+    return f"Its log, `data/receipts/{Path(path).name}`: " + ("; ".join(parts) if parts else "no phase finished") + "."
