@@ -21,13 +21,13 @@
 #            the timeout); the allocator's retries are logged
 #   gate_fit the README's gate command on synthetic Qwen3-30B-A3B and Mixtral-8x7B at 1, 2 and 3 layers, one card
 #            plus the host (--device-map auto --max-memory), quick settings taken to the defaults and fitted to full
-#            depth (FIT_S caps each architecture, FIT_LAYERS, FIT_ARGS, FIT_MEMORY override)
+#            depth (FIT_ARCHS, FIT_S caps each architecture, FIT_LAYERS, FIT_ARGS, FIT_MEMORY override)
 #   peers    the bench again with the peers built outside the repository: Marlin (a peer row) and llama.cpp's
 #            CUDA backend (ggml test-backend-ops perf, merged into the receipt); runs .peers/run.sh, which builds
 #            both from source carried in .peers/ (git-ignored), or skips when .peers/ is absent. Writes
 #            decode_<card>.json, ggml_<card>.txt, ggml_cases.txt and the build logs under peers/.
 #   prefill  many-row int4 scoring against bf16 and the decode path, paired in alternating rounds in one process,
-#            and the rows sweep that sets PREFILL_MIN_ROWS (lab.bench.prefill)
+#            and the rows sweep behind the gate's SCORE_PREFILL_ROWS (lab.bench.prefill)
 # Writes under $OUT, every receipt named for the card (h100 / h200): cuda_tests_<card>.txt, replay_check.json,
 # sanitizer_<card>.txt, decode_<card>.json, decode_step_<card>.json, decode_step_qwen2_moe_<card>.json,
 # realscale_gate_olmoe_<card>.json,
@@ -133,7 +133,7 @@ if has gate_full; then
   rm -rf /dev/shm/rsg_full
 fi
 if has gate_fit; then
-  for arch in qwen3_moe mixtral; do
+  for arch in ${FIT_ARCHS:-qwen3_moe mixtral}; do
     stage "gate fit: $arch at ${FIT_LAYERS:-1 2 3} layers, one card plus the host"
     rm -rf /dev/shm/rsg_fit
     timeout ${FIT_S:-260} python3 -m lab.realscale_gate --arch $arch --layers ${FIT_LAYERS:-1 2 3} --device-map auto \

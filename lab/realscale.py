@@ -121,8 +121,11 @@ def fit_depths(points: dict, full_layers: int) -> dict:
     out = {"points": {str(x): y for x, y in pts}, "fixed": fixed, "per_layer": per, "full_layers": full_layers,
            "full_depth": full, "fit": "least squares" if n > 2 else "through both depths",
            "formula": f"{fixed:.6g} + {full_layers} x {per:.6g} = {full:.6g}"}
+    out["undecided"] = per < 0
     if per < 0:
-        out["warning"] = "per_layer < 0: the depths differ by less than the run-to-run noise of this quantity"
+        # a cost that grows with depth came out falling: the measured depths do not decide the slope (whatever
+        # moved the shallower depth, run-to-run noise or a one-off cost, is not measured by the fit)
+        out["warning"] = "per_layer < 0: undecided, the measured depths do not decide how this quantity grows"
     return out
 
 

@@ -174,14 +174,21 @@ def extrapolate_arch(arch: str, depths: dict, card: float | None, device_map, ma
         out["readme_defaults"] = {"gate_s": f["default_gate_s"], "gptq_sweep_s": f.get("gptq_sweep_default_s"),
                                   "gptq_calibration_forward_s": f.get("gptq_forward_default_s"),
                                   "gptq_share": (f.get("gptq_sweep_default_s") or 0) / f["default_gate_s"]
-                                  if f["default_gate_s"] else None,
+                                  if f["default_gate_s"] > 0 and (f.get("gptq_sweep_default_s") or 0) >= 0 and not
+                                  any(fits[k].get("undecided") for k in ("default_gate_s", "gptq_sweep_default_s")
+                                      if k in fits) else None,
                                   "note": "the README command at its defaults, each depth's parts scaled by "
                                           "lab.realscale_predict, then fitted to the full depth"}
     target = TARGET_S.get(arch)                      # None: no full-depth time target set for this architecture
-    met = None if target is None else gate_s <= target
+    out["undecided_fits"] = sorted(k for k, v in fits.items() if v.get("undecided"))
+    # a target read off an undecided fit is undecided (None), never met or missed
+    gate_open = fits["gate_s"].get("undecided") or gate_s <= 0
+    ratio_open = gate_open or any(fits[k].get("undecided") for k in ("forward_s", "calibration_forward_s") if k in fits)
+    met = None if target is None or gate_open else gate_s <= target
+    ratio = out["gate_over_forwards"]["value"]
     out["targets"] = {"gate_s": {"value": gate_s, "target": target, "met": met},
-                      "gate_over_forwards": {"value": out["gate_over_forwards"]["value"], "target": TARGET_RATIO,
-                                             "met": (out["gate_over_forwards"]["value"] or math.inf) <= TARGET_RATIO}}
+                      "gate_over_forwards": {"value": ratio, "target": TARGET_RATIO,
+                                             "met": None if ratio_open else (ratio or math.inf) <= TARGET_RATIO}}
     if "memory" in out:
         out["targets"]["fits_one_card"] = {"met": out["memory"]["fits"], "card_bytes": card}
     cap = gpu_cap(max_memory)

@@ -26,11 +26,11 @@ cache, through the int4 kernels) is a kernel-parity check on a short window.
     run.py     one gate run -> receipt payload                     table.py   CLI and README tables
     cli.py     python -m int4lab.gate                              settings.py the rules every setting obeys
 """
-from .decode import PARITY_TOL, decode_logprobs, decode_windows, full_forward_logprobs, parity
+from .decode import PARITY_REF_FACTOR, PARITY_TOL, decode_logprobs, decode_windows, full_forward_logprobs, parity
 from .models import load_model, parse_max_memory
 from .arms import DITHER, Arm, plan_arms
 from .run import BATCH_TOKENS, run_gate
-from .score import STAT_BYTES, PerToken, score_models, token_stats
+from .score import SCORE_PREFILL_ROWS, STAT_BYTES, PerToken, score_models, token_stats
 from .stats import CALIBRATION_RULE, calibration_judgement, paired_ci, rounding_band, tokens_to_decide, verdict
 from .split import CHOICE_RULE, SPLIT_RULE, choose, split_documents
 from .table import format_table, render_gate_table, rows
@@ -39,8 +39,8 @@ from .settings import MIN_DOCS, check_settings
 from .cli import main, receipt_path
 
 __all__ = ["BATCH_TOKENS", "CALIBRATION_RULE", "CHOICE_RULE", "SPLIT_RULE", "choose", "split_documents",
-           "DITHER", "IN_DOMAIN", "MIN_DOCS", "PARITY_TOL", "STAT_BYTES", "TEXTS",
-           "Arm", "PerToken", "Windows", "calibration_ids", "calibration_judgement", "check_settings", "decode_logprobs",
+           "DITHER", "IN_DOMAIN", "MIN_DOCS", "PARITY_REF_FACTOR", "PARITY_TOL", "SCORE_PREFILL_ROWS", "STAT_BYTES",
+           "TEXTS", "Arm", "PerToken", "Windows", "calibration_ids", "calibration_judgement", "check_settings", "decode_logprobs",
            "decode_windows", "documents", "format_table", "full_forward_logprobs", "load_model", "main", "paired_ci",
            "parity", "parse_max_memory", "plan_arms", "receipt_path", "render_gate_table", "rounding_band", "rows",
            "run_gate", "score_models", "token_sha", "token_stats", "tokens_to_decide", "trained_context",

@@ -19,11 +19,21 @@ from .arms import LOTTERY
 from .models import parse_max_memory
 from .settings import check_settings
 from .run import BATCH_TOKENS, DITHER, check_budget, plan_arms, run_gate
-from .score import STAT_BYTES
+from .score import SCORE_PREFILL_ROWS, STAT_BYTES
 from .table import format_table
 from .texts import TEXTS
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _rows(v: str):
+    """--prefill-rows: "off" -> None, else a non-negative int (argparse turns the ValueError into a usage error)."""
+    if v.strip().lower() == "off":
+        return None
+    n = int(v)
+    if n < 0:
+        raise ValueError(v)
+    return n
 
 
 def receipt_path(name: str) -> Path:
@@ -92,6 +102,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-floor", action="store_true", help="skip the bf16-vs-fp32 precision floor")
     ap.add_argument("--parity-steps", type=int, default=4,
                     help="decode steps of the kernel-parity check (0: skip; Triton's interpreter on a CPU)")
+    ap.add_argument("--prefill-rows", type=_rows, default=SCORE_PREFILL_ROWS, metavar="N|off",
+                    help="arms score through the prefill path from N rows per decoded weight (0: always; off: the "
+                         f"decode kernels only; default {SCORE_PREFILL_ROWS}, the H100 rows sweep's suggestion)")
     ap.add_argument("--tasks", nargs="+", default=[],
                     help="lm-eval tasks to score too, e.g. wikitext (token-level perplexity per document)")
     ap.add_argument("--limit", type=int, default=None, help="lm-eval documents per task (default: all)")
@@ -189,7 +202,8 @@ def main(argv=None, stamp=None, prog: str = "python -m int4lab.gate") -> int:
                            floor=not args.no_floor, calib_tokens=args.calib_tokens, calib_len=args.calib_len,
                            min_rows=args.min_rows, damp=args.damp, n_boot=args.boot, seed=args.seed,
                            parity_steps=args.parity_steps, max_docs=args.max_docs,
-                           batch_tokens=args.batch_tokens, arms_per_group=args.arms_per_group,
+                           prefill_min_rows=args.prefill_rows, batch_tokens=args.batch_tokens,
+                           arms_per_group=args.arms_per_group,
                            stat_bytes=args.stat_bytes, floor_stride=args.floor_stride, tasks=args.tasks,
                            limit=args.limit,
                            progress=not args.quiet,

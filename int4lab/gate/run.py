@@ -16,10 +16,11 @@ import numpy as np
 import torch
 
 from ..quantize import input_device, model_arch, quantize_model
+from ..quantize.prefill import prefill_rows
 from . import stats
 from .arms import DITHER, Arm, GroupSizer, copy_source, free_memory, logits_bytes, model_bytes, plan_arms
 from .compare import assemble
-from .score import STAT_BYTES, ScoreTiming, score_models
+from .score import SCORE_PREFILL_ROWS, STAT_BYTES, ScoreTiming, score_models
 from .settings import check_settings
 from .sources import TextSource, read_source, read_sources
 from .split import SPLIT_SEED, split_documents
@@ -54,7 +55,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
              calib_len: int | None = None, min_rows: int | None = None, damp: float = 0.01,
              calib_split: str = "train", calib_text=None, n_boot: int = stats.N_BOOT, seed: int = 0,
              split_seed: int = SPLIT_SEED,
-             parity_steps: int = 4,
+             parity_steps: int = 4, prefill_min_rows: int | None = SCORE_PREFILL_ROWS,
              max_docs: int | None = None, tasks=(), limit: int | None = None, progress: bool = True,
              loader=None, on_arm=None, log=None) -> dict:
     """Score the source, the precision floor and every arm on every document of `texts`; the receipt payload.
@@ -71,7 +72,10 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     hf:NAME[:CONFIG]:SPLIT[:FIELD]) or a `sources.TextSource`; each is recorded with its sha256.
     calib_tokens / calib_len: GPTQ calibration set per draw (calib_len default: `calib_len_default`), from
     calib_split, or from the documents of calib_text (a source spec, as texts) when given.
-    parity_steps > 0: the decode instrument's kernel-parity check on the first arm, over that many steps.
+    parity_steps > 0: the decode instrument's kernel-parity check on the first arm, over that many steps, beside
+    the source's own cached-vs-full gap on the same windows (`decode.parity`).
+    prefill_min_rows: the arms score through the prefill path from that many rows per decoded weight
+    (`int4lab.quantize.prefill`; 0: always, None: the decode kernels only); the source is bf16 torch either way.
     max_docs: score only the first max_docs documents of each text (quick runs; None = all).
     tasks: lm-eval tasks to score as well (token-level perplexity from per-document log-likelihoods).
     device_map / max_memory: accelerate placement for checkpoint directories (see `load_model`); arms are then
@@ -93,6 +97,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     texts = list(sources)
     check_settings(window=window, max_docs=max_docs, budget=budget, batch=batch, floor_stride=floor_stride,
                    n_boot=n_boot, parity_steps=parity_steps, limit=limit, texts=list(sources.values()),
+                   prefill_rows=prefill_min_rows,
                    calib_tokens=calib_tokens, calib_len=calib_len, min_rows=min_rows, damp=damp)
     budget = check_budget(budget)
     if not arms:
@@ -175,9 +180,12 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
         bar.refresh()
         before = sizer.peaks.reset() if sizer.cuda else None
         ts = time.time()
-        for t, w in wins.items():
-            got = score_models({"source": src, **held}, w, batch, bar.update, batch_tokens=batch_tokens,
-                               stat_bytes=stat_bytes, timing=timing)
+        with contextlib.ExitStack() as stack:
+            for m in held.values():
+                stack.enter_context(prefill_rows(m, prefill_min_rows))
+            got_t = {t: score_models({"source": src, **held}, w, batch, bar.update, batch_tokens=batch_tokens,
+                                     stat_bytes=stat_bytes, timing=timing) for t, w in wins.items()}
+        for t, got in got_t.items():
             if "source" in per[t]:
                 rerun.append(float(np.abs(got["source"].nll - per[t]["source"].nll).max()))
             else:
@@ -191,7 +199,7 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
         say(f"group {g}: {len(held)} arms scored in {groups[-1]['score_s']:.1f} s ({why})")
         if parity_steps and parity is None:
             tp = time.time()
-            parity = _parity(held[arms[0].name], tok, parity_steps)
+            parity = _parity(held[arms[0].name], tok, parity_steps, src)
             secs["parity_s"] += time.time() - tp
         if tasks:
             from .lmeval import lmeval_gate, merge_lmeval
@@ -255,7 +263,8 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
                      "min_rows": min_rows if min_rows else "K (max(H, I))",
                      "min_rows_fallback": "round-to-nearest", "damp": damp,
                      "dither": sorted({a.dither for a in arms if a.dither}), "threads": torch.get_num_threads(),
-                     "floor_stride": floor_stride, "max_docs": max_docs},
+                     "floor_stride": floor_stride, "max_docs": max_docs,
+                     "prefill_min_rows": prefill_min_rows if prefill_min_rows is not None else "off"},
         "groups": groups, "source_bytes": model_bytes(src), "gpu_peak_bytes": sizer.peaks.total(),
         "source_rerun": {"groups": len(groups), "max_abs_nll": max(rerun) if rerun else 0.0,
                          "note": "the source's per-token nll in later groups against the first group's"},
@@ -312,7 +321,7 @@ def _bar(on, total, desc):
     return tqdm(total=total, desc=desc, disable=not on)
 
 
-def _parity(model, tok, steps) -> dict:
+def _parity(model, tok, steps, source) -> dict:
     from .decode import decode_windows, parity
     w = decode_windows(tok, documents("test")[0], windows=1, prompt=8, steps=steps)
-    return parity(model, w, 8, kernels=True)
+    return parity(model, w, 8, kernels=True, reference=source)

@@ -33,7 +33,8 @@ def _need(ok: bool, name: str, flag: str, rule: str, v) -> None:
 def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threads=None, floor_stride=None,
                    n_boot=None, parity_steps=None, limit=None, calib_tokens=None, calib_len=None, min_rows=None,
                    damp=None, dither=None, trained_context=None, texts=None, device=None,
-                   batch_tokens=None, stat_bytes=None, seed=None, device_map=None, max_memory=None) -> None:
+                   batch_tokens=None, stat_bytes=None, seed=None, device_map=None, max_memory=None,
+                   prefill_rows=None) -> None:
     """Refuse degenerate gate settings before any work (module doc). An argument left None is not checked
     (its default applies). trained_context: the model's (texts.trained_context), the largest window.
     texts: the texts to score, source specs or `sources.TextSource`s; with them, every text must keep
@@ -61,7 +62,8 @@ def check_settings(*, window=None, max_docs=None, budget=None, batch=None, threa
                               ("limit", "--limit", limit, 1), ("calib_tokens", "--calib-tokens", calib_tokens, 1),
                               ("calib_len", "--calib-len", calib_len, 1), ("min_rows", "--min-rows", min_rows, 1),
                               ("batch_tokens", "--batch-tokens", batch_tokens, 1),
-                              ("stat_bytes", "--stat-bytes", stat_bytes, 1), ("seed", "--seed", seed, 0)):
+                              ("stat_bytes", "--stat-bytes", stat_bytes, 1), ("seed", "--seed", seed, 0),
+                              ("prefill_rows", "--prefill-rows", prefill_rows, 0)):
         if v is not None:
             _need(_int(v) and v >= lo, name, flag, f"an int >= {lo}", v)
     if calib_len is not None and trained_context is not None:        # the rule --window follows

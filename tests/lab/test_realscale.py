@@ -242,15 +242,32 @@ def test_fit_depths_and_the_group_prediction():
     assert f["per_layer"] == pytest.approx(np.polyfit([1, 2, 4], [5.0, 7.5, 11.0], 1)[0])
     assert f["full_depth"] == pytest.approx(f["fixed"] + 48 * f["per_layer"])
     assert realscale.fit_depths({2: 8.0}, 32)["full_depth"] == pytest.approx(128.0)
-    assert "warning" in realscale.fit_depths({1: 5.0, 2: 4.0}, 16)
+    neg = realscale.fit_depths({1: 5.0, 2: 4.0}, 16)
+    assert "warning" in neg and neg["undecided"] and "undecided" in neg["warning"]
     with pytest.raises(ValueError, match="two different depths"):
         realscale.fit_depths({2: 1.0, "2": 2.0}, 16)
+
     G = 2 ** 30
     p = predict_groups(80 * G, 13 * G, 4 * G, 15 * G, 3 * G, 16)
     assert (p["arms_per_group"], p["groups"], p["fits"]) == (13, 2, True)      # floor(49 / 4) + 1
     assert p["peak_bytes"] == 13 * G + max(12 * 4 * G + 15 * G, 13 * 4 * G + 3 * G) <= 80 * G
     assert predict_groups(80 * G, 60 * G, 4 * G, 25 * G, 3 * G, 16)["fits"] is False
     assert predict_groups(80 * G, 1 * G, 1 * G, 2 * G, 1 * G, 16)["groups"] == 1
+
+
+def test_a_target_read_off_a_falling_fit_is_undecided(monkeypatch):
+    # gate_s measured 30 s at 1 layer and 20 s at 2: the fit's full depth is negative; the target must be
+    # neither met nor missed, and the GPTQ share of a negative total is not given.
+    import lab.realscale_gate as rg
+    pts = {1: {"gate_s": 30.0, "forward_s": 20.0, "default_gate_s": 300.0, "gptq_sweep_default_s": 50.0},
+           2: {"gate_s": 20.0, "forward_s": 10.0, "default_gate_s": 200.0, "gptq_sweep_default_s": 60.0}}
+    monkeypatch.setattr(rg, "quantities", lambda d: {**{k: None for k in rg.FITTED}, **pts[d["L"]],
+                                                     "score_s": 1.0})
+    out = rg.extrapolate_arch("qwen3_moe", {L: {"L": L, "gate": {"groups": [], "arms": 1}} for L in pts},
+                              None, "auto")
+    assert out["targets"]["gate_s"]["met"] is None and out["targets"]["gate_over_forwards"]["met"] is None
+    assert out["readme_defaults"]["gptq_share"] is None
+    assert {"gate_s", "forward_s", "default_gate_s"} <= set(out["undecided_fits"])
 
 
 def test_realscale_gate_runs_the_readme_command_on_the_cpu(tmp_path, monkeypatch):

@@ -292,6 +292,21 @@ def test_decode_parity_through_the_kernels(arch, tok):
     assert all(mod.kernels is None for mod in q.modules() if hasattr(mod, "kernels"))      # switch restored
 
 
+def test_parity_limit_follows_the_unquantised_models_own_gap(monkeypatch):
+    # With a reference the limit is max(tol, PARITY_REF_FACTOR x the reference's own gap): a gap the unquantised
+    # model shares passes, one past it fails naming both numbers; without one the fixed tol holds.
+    import int4lab.gate.decode as dec
+    gaps = {"q": 0.09, "ref": 0.06}
+    monkeypatch.setattr(dec, "_gap", lambda m, w, p, k: (gaps[m], 1.0, 4))
+    p = dec.parity("q", None, 8, reference="ref")
+    assert p["limit"] == pytest.approx(dec.PARITY_REF_FACTOR * 0.06) and p["reference_max_abs_logprob"] == 0.06
+    with pytest.raises(AssertionError, match="0.09 nats > 0.05"):
+        dec.parity("q", None, 8)
+    gaps["ref"] = 0.01
+    with pytest.raises(AssertionError, match=r"> 0\.05 \(the unquantised model's own gap: 0\.01\)"):
+        dec.parity("q", None, 8, reference="ref")
+
+
 # ---------------------------------------------------------------------------------------------- a whole run
 
 def short_documents(mp, chars=400):
@@ -425,6 +440,18 @@ def test_cli_runs_a_checkpoint_dir_and_prints_one_table(tmp_path, tok, capsys, m
     r = json.loads(out.read_text())
     assert r["provenance"]["command"].startswith("python -m int4lab.gate --model")
     assert r["settings"]["window"] == 32 and list(r["texts"]) == ["ood"]
+    assert r["settings"]["prefill_min_rows"] == gate.SCORE_PREFILL_ROWS     # the default, recorded
+
+
+def test_prefill_rows_flag():
+    from int4lab.gate.cli import parser
+    for word, want in (("off", None), ("OFF", None), ("0", 0), ("512", 512)):
+        assert parser().parse_args(["--model", "x", "--prefill-rows", word]).prefill_rows == want
+    for bad in ("-1", "x", "1.5", ""):
+        with pytest.raises(SystemExit):
+            parser().parse_args(["--model", "x", "--prefill-rows", bad])
+    with pytest.raises(ValueError, match="--prefill-rows: prefill_rows must be an int >= 0"):
+        gate.check_settings(prefill_rows=-1)
 
 
 def test_cli_errors(tmp_path, capsys):
