@@ -7,20 +7,20 @@ when every weight it decodes serves, on average, at least `prefill_min_rows` row
 R * k / E for an Int4Experts (the mean routed rows per expert). The module attribute defaults to
 PREFILL_MIN_ROWS; `prefill_rows(model, n)` changes it for a block (0: always, None: never).
 
-Off by default (PREFILL_MIN_ROWS = None). A paired run of `python -m lab.bench.prefill` (the prefill path, the
-decode path and bf16 in alternating rounds of one process) measures it against bf16's tokens/s, the 0.8x it is
-held to; switching the default changes what every many-row forward computes, so it waits for the receipts measured
-with it off to be re-measured (notes/realscale.md says where that stands). Scoring runs through the decode kernels;
-`with prefill_rows(model, 512):` turns the path on for a run (512: the rows sweep's suggestion on an H100).
+Off by default in the modules (PREFILL_MIN_ROWS = None): a decode step or a GPTQ calibration forward runs the
+decode kernels. The gate turns it on for scoring its arms (`int4lab.gate.score.SCORE_PREFILL_ROWS`, 512: the rows
+sweep's suggestion on an H100, `--prefill-rows` to change it). A paired run of `python -m lab.bench.prefill` (the
+prefill path, the decode path and bf16 in alternating rounds of one process) measures it against bf16's tokens/s,
+the 0.8x it is held to; `with prefill_rows(model, 512):` turns the path on for any other block.
 
 Why a count of rows per weight: the prefill path pays ~4.6 bytes of memory traffic per weight per call
 (decode 0.5625 read + 2 written, the GEMM's 2 read back) where a decode kernel reads 0.5625 once; the
 tensor cores pay that back through the rows each decoded weight serves, so the break-even is a count of
 rows per weight, the same for a dense layer and for one expert. Decode steps have 1-16 tokens: at most 16
 rows per dense weight, and for experts 16 * k / E rows (2 for OLMoE's 8 of 64), below 64; a scoring batch
-of 16 x 256 tokens has 4096 rows per dense weight and 512 per OLMoE expert, far above. 64 (4x the largest
-decode step) was a choice between those, not a measured crossover: `python -m lab.bench.prefill --sweep` times
-both paths per row count on the GPU, and its receipt's suggestion (512 on an H100) is the value to switch on with.
+of 16 x 256 tokens has 4096 rows per dense weight and 512 per OLMoE expert (256 per Qwen3 expert, 128 of 8).
+Where between those the crossover lies is measured: `python -m lab.bench.prefill --sweep` times both paths per
+row count on the GPU, and its receipt's suggestion (512 on an H100) is the threshold the gate uses.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import contextlib
 
 import torch
 
-PREFILL_MIN_ROWS = None        # off by default (module doc); the H100 rows sweep suggests 512
+PREFILL_MIN_ROWS = None        # off by default in the modules (module doc); the gate's scoring uses 512
 
 
 def prefill_linear(mod, x: torch.Tensor) -> torch.Tensor:
