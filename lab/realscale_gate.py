@@ -203,14 +203,14 @@ def extrapolate_arch(arch: str, depths: dict, card: float | None, device_map, ma
 
 
 SHARD = "4GB"            # safetensors shard size at real width: few files, each written in one pass
-WARMUP_ARGS = ["--max-docs", "20", "--texts", "ood", "--lottery", "0", "--calib-draws", "1", "--no-floor", "--boot",
-               "100"]
+# every text the measured run scores: a text's window lengths are shapes of their own for the kernels
+WARMUP_ARGS = ["--max-docs", "20", "--lottery", "0", "--calib-draws", "1", "--no-floor", "--boot", "100"]
 
 
 def measure_depth(arch: str, layers: int, workdir, width: str, device: str, device_map=None, max_memory=None,
                   extra=(), log=print, warmup: bool = False, predict=None) -> dict:
     """One synthetic checkpoint and one gate run on it; the directory this call creates is removed after.
-    warmup: first a small gate on the same checkpoint (WARMUP_ARGS: twenty documents of one text, one arm per
+    warmup: first a small gate on the same checkpoint (WARMUP_ARGS: twenty documents of each text, one arm per
     scheme and target), so one-time costs (kernel compilation, first CUDA allocations) stay out of the
     measured run, where they would pass for a fixed cost of this depth. predict: (full_text_size,
     default_arms) of `lab.realscale_predict`, to take this depth to the README defaults."""

@@ -131,8 +131,11 @@ def warmup_text(r: dict) -> str:
     if w is None or w == "before each architecture's first depth":   # the fit mode's rule, stated as the code runs it:
         w = "none" if r["settings"].get("mode") == "full depth" else (  # a warm-up until a depth has run its gate
             "before each architecture's first depth, and again before each later depth while none has succeeded")
+    args = next((d["warmup"].get("args") or [] for a in r.get("archs", {}).values()
+                 for d in (a.get("depths") or {}).values() if isinstance(d.get("warmup"), dict)), [])
+    which = "one text" if "--texts" in args else "each text"
     return "no warm-up (the measured run pays every first-use cost, kernel compilation included)" if w == "none" \
-        else f"an unmeasured warm-up gate {w} (twenty documents of one text, one arm per scheme and target)"
+        else f"an unmeasured warm-up gate {w} (twenty documents of {which}, one arm per scheme and target)"
 
 
 def realscale_table(receipts=RECEIPTS) -> str:
