@@ -182,7 +182,8 @@ CALIBRATION_RULE = (
     "ACCEPTED: every draw helps on every text (intersection-union test: if any draw on any text is "
     "exchangeable with the tickets and the tickets' x are normal, ACCEPTED comes out with probability at most "
     "alpha; a draw that gains nothing but spreads wider than a ticket passes more often). WORSE: some (draw, text) has a "
-    "Holm-adjusted p_hurts <= alpha over all draws x texts (family-wise error at most alpha). NOT SHOWN: "
+    "Holm-adjusted p_hurts <= alpha over all draws x texts (family-wise error at most alpha under the same "
+    "null; a draw that gains nothing but spreads wider than a ticket is called WORSE more often too). NOT SHOWN: "
     f"otherwise. alpha = {ALPHA}; at least {MIN_DRAWS} draws and {MIN_TICKETS} tickets. The exact rank "
     "p-value (1 + tickets at or beyond the draw) / (K + 1), free of the normal assumption, is reported beside it.")
 
