@@ -37,9 +37,13 @@ RERUN_FRACTION = 0.05               # a live re-run reproduces an interval withi
 
 
 def regenerate(a: str) -> str:
-    """The command that writes data/receipts/gate_<a>.json, on the CPU as the published receipts were made: without
-    --device the gate picks CUDA where there is one, scores the source in bfloat16 and runs the arms through the
-    int4 kernels, so its parity check no longer compares the kernels with the torch reference."""
+    """The command that writes data/receipts/gate_<a>.json, on the CPU as the published receipts were made (there
+    the arms' scoring forwards take the torch reference path, whatever --prefill-rows says). Without --device the
+    gate picks CUDA where there is one, scores the source in bfloat16 and the arms through the prefill path
+    (weights decoded to bf16, a bf16 GEMM on the dequantised int8 activations) from `gate.SCORE_PREFILL_ROWS`
+    routed rows per weight, the decode kernels below that (--prefill-rows off: the decode kernels only); its
+    parity check then compares cached decode with the full forward, both through the decode kernels, not the
+    kernels with the torch reference."""
     return (f"python -m lab.gate --model {a} --scheme rtn gptq --lottery 16 --threads 1 --device cpu "
             f"--out data/receipts/gate_{a}.json")
 
@@ -205,8 +209,10 @@ def draw_spread(receipts: dict, scheme: str = GPTQ) -> list[dict]:
 
 
 def band_rows(receipts: dict, base: str = RTN) -> list[dict]:
-    """Per (model, text): the tickets' (ticket - RTN) paired changes, the stored rounding band with the CIs of
-    its edges, and the band computed again from the stored ticket values by `gate.rounding_band`."""
+    """Per (model, text): the tickets' (ticket - RTN) paired changes, how many lie above and below zero ("above
+    RTN", "below RTN": tickets with a higher / lower perplexity than round-to-nearest, by point estimate), the
+    stored rounding band with the CIs of its edges, and the band computed again from the stored ticket values by
+    `gate.rounding_band`."""
     rows = []
     for a in receipts:
         lot = field(receipts, a, "lottery", base)
@@ -215,6 +221,7 @@ def band_rows(receipts: dict, base: str = RTN) -> list[dict]:
             again = rounding_band(v["values"], b["q"], b["level"])
             rows.append({"model": a, "text": t, "tickets": len(lot["tickets"]), "values": v["values"],
                          "smallest": min(v["values"]), "largest": max(v["values"]),
+                         "above RTN": sum(x > 0 for x in v["values"]), "below RTN": sum(x < 0 for x in v["values"]),
                          "band lo": b["lo"], "band hi": b["hi"], "q": b["q"],
                          "band": f"{b['lo']:+.2%} .. {b['hi']:+.2%}",
                          "lower edge CI": f"[{edge(b['lo_ci'][0])}, {edge(b['lo_ci'][1])}]",

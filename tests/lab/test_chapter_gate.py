@@ -104,3 +104,18 @@ def test_regenerate_pins_the_cpu():
     args = parser().parse_args(shlex.split(gs.regenerate("olmoe"))[3:])
     assert args.device == "cpu" and args.model == "olmoe" and args.lottery == 16 and args.threads == 1
     assert args.out == "data/receipts/gate_olmoe.json"
+
+
+def test_band_rows_count_the_tickets_on_either_side_of_rtn():
+    """A band that contains zero can still have most tickets on one side of round-to-nearest: band_rows counts them
+    (a ticket exactly at RTN is on neither side) and recomputes the stored band."""
+    import numpy as np
+    rng = np.random.default_rng()
+    v = list(rng.normal(-0.002, 0.0015, 15)) + [0.0]
+    v[:2] = [abs(x) + 1e-4 for x in v[:2]]                  # at least two tickets above RTN
+    band = gate.rounding_band(v)
+    r = {"lottery": {gs.RTN: {"tickets": [f"{gs.RTN} lottery#{i}" for i in range(len(v))],
+                              "texts": {"test": {"values": v, "band": band}}}}}
+    (row,) = gs.band_rows({"m": r})
+    assert row["above RTN"] == sum(x > 0 for x in v) and row["below RTN"] == sum(x < 0 for x in v)
+    assert row["above RTN"] + row["below RTN"] == len(v) - 1 and row["same again"] and row["tickets"] == len(v)
