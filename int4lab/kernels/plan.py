@@ -2,8 +2,10 @@
 
 Shape legend: E = experts, N = out features, K = in features, R = activation rows.
 
-Nothing is autotuned at import or at call time: a plan is a pure function of (generation, the device's SM
-count, N, K, R) and of the plan a caller passes, so a call is reproducible and legal under CUDA-graph capture. The
+Nothing is autotuned at import or at call time: a GEMV plan is a pure function of (generation, the device's SM
+count, N, K, R) and of the plan a caller passes; a grouped plan also of the mean rows per routed expert L / min(E, L)
+(so of the expert count E), and the MoE step's path of that mean from (tokens, top-k, E) and of the weights per expert
+projection. So a call is reproducible and legal under CUDA-graph capture. The
 SM count enters only through the split-K waves rule below, so two parts of one generation with different SM counts
 can get different splits. The table rows
 are the configurations the H200 sweeps picked (notes/kernels.md, "Launch-plan rows": the sweeps' receipts are not in

@@ -9,7 +9,9 @@ bench's timer (`timing.time_calls`) and keeps the best median: the floor a row's
 
 The recorded H200 floor (data/receipts/anchors/stream_floor_h200_2026-12-02.json) used the same method:
 a plain read-and-xor loop, best of six configurations, graph over rotated copies; an empty kernel in a
-graph costs 0.6 us there, so small rows' floors are mostly launch cost.
+graph costs 0.6 us there. Every configuration reads 16 KB per program, so a small floor (under about 2 MB on an
+H100's 132 SMs) runs fewer programs than the GPU has SMs; whether more, smaller programs read those bytes faster was
+not measured, so a small floor is this kernel's time, not a bound.
 
 This is a benchmark tool, not a runtime kernel: it lives beside the bench, not in `int4lab/kernels/`.
 """

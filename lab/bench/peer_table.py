@@ -5,8 +5,9 @@ activations): the floor kernel (lab/bench/floor.py) was timed at every int4-b32 
 word: the launch); between two measured counts the curve is linear (below the smallest int4-b32 count, toward
 the one-word point), above the largest it keeps the largest's rate. So a bf16 row is judged against reading 2 bytes
 per weight, Marlin against 0.52, Q4_K against 0.56. A ratio near 1 means that peer takes about as long as the run's
-read-only kernel over its bytes: close to the read bandwidth where that floor is mostly streaming, only about the
-same fixed cost where the floor is mostly fixed cost (small byte counts); the format's size is the rest of the story.
+read-only kernel over its bytes: close to the read bandwidth where that floor is mostly streaming; where it is mostly
+not explained by streaming (small byte counts), only about as long as that read kernel, whose launch shape there (16 KB
+per program, lab/bench/floor.py) was not shown to be the fastest: no bound. The format's size is the rest of the story.
 
     python -m lab.bench.peer_table data/receipts/decode_h100.json      # print both tables
 

@@ -27,8 +27,9 @@ GEMV_LABELS = {"int4_b32": "int4_b32 (ours, W4A8, plan table)",
 
 def floor_fixed_share(rec) -> dict[int, float]:
     """{bytes: share} per read floor of the receipt: the part of the floor's time that streaming its bytes at the
-    fastest floor's rate does not explain, 1 - (bytes / fastest bytes-per-µs) / µs. Near 1 the floor is a measured
-    kernel dominated by a fixed cost per kernel (what it consists of was not measured), not a bandwidth bound."""
+    fastest floor's rate does not explain, 1 - (bytes / fastest bytes-per-µs) / µs ("fixed" for short: what that part
+    consists of was not measured, and at small sizes it depends on the read kernel's launch shape, so it is not shown
+    to be a cost every kernel pays). Near 1 the floor is a measured kernel, not a bandwidth bound."""
     floors = rec.get("floor") or []
     if not floors:
         return {}
@@ -39,8 +40,8 @@ def floor_fixed_share(rec) -> dict[int, float]:
 def plot_time_over_floor(rec, ax=None, fixed_share: float = 0.5):
     """Time per call over the read floor of int4-b32's bytes, per GEMV shape (x) and every implementation timed on it
     (markers, GEMV_COLORS' order first); the line at 1 is that floor, which belongs to int4-b32's bytes only (bf16
-    moves 16/4.5 as many bytes). Shapes whose floor is more than `fixed_share` fixed cost (`floor_fixed_share`) are
-    shaded: there the floor is a measured kernel, launch-dominated, not a bound. Shapes without a floor are left
+    moves 16/4.5 as many bytes). Shapes whose floor is more than `fixed_share` not explained by streaming
+    (`floor_fixed_share`) are shaded: there the floor is a measured kernel, not a bound. Shapes without a floor are left
     out."""
     import matplotlib.pyplot as plt
     ax = ax or plt.subplots(figsize=(12, 4.5))[1]
@@ -65,7 +66,7 @@ def plot_time_over_floor(rec, ax=None, fixed_share: float = 0.5):
     for i, (model, layer, N, K, fl) in enumerate(shapes):
         if share.get(fl["floor_bytes"], 0.0) > fixed_share:
             ax.axvspan(i - 0.5, i + 0.5, color="0.9", zorder=0,
-                       label=None if shaded else f"floor > {fixed_share:.0%} fixed cost: a measured kernel, not a bound")
+                       label=None if shaded else f"floor > {fixed_share:.0%} not streaming: a measured kernel, not a bound")
             shaded = True
     ax.axhline(1.0, color="k", lw=1.2, label="read floor of int4-b32's bytes (= 1)")
     ax.set_yscale("log")
