@@ -424,8 +424,9 @@ def gguf_vocabulary(model: str) -> Path | None:
     rows = arch_of(cfg).sizes(cfg)["vocab"]
     if rows != n_tokens:
         raise ValueError(f"--model {model!r}: config.json gives {rows} embedding rows (vocab_size) but the tokenizer "
-                         f"its GGUF would carry ({tok_path}) has {n_tokens} tokens; llama.cpp sizes the embedding by the "
-                         "token list, so they must match (convert a hub checkpoint with llama.cpp's convert_hf_to_gguf.py)")
+                         f"its GGUF would carry ({tok_path}) has {n_tokens} tokens; llama.cpp sizes the embedding by "
+                         "the token list, so they must match (convert a hub checkpoint with llama.cpp's "
+                         "convert_hf_to_gguf.py)")
     return tok_dir
 
 
