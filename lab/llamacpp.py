@@ -4,7 +4,8 @@
 
 Shape legend: W = windows, T = tokens per window (<= the trained context), V = vocabulary.
 
-The test split is tokenised once (our tokenizer) and cut into W windows of T tokens, each <|bos|> then
+The test split is tokenised once (the model's tokenizer: this repository's for a small model, a checkpoint
+directory's own for a directory) and cut into W windows of T tokens, each <|bos|> then
 T - 1 text tokens, so when all windows are scored every text token except the last `tokens mod (T - 1)` is scored
 once, at most T - 1 positions from its window's start (`--windows N` scores N of them, spread evenly).
 Both engines get exactly these ids (llama.cpp's own tokeniser is bypassed: `Llama.eval(ids)`), and
@@ -350,9 +351,11 @@ def paired_bootstrap(nll_a: torch.Tensor, nll_b: torch.Tensor, reps: int = BOOTS
 # read, so it is not a pre-registered margin; the CIs the receipts record are the measurement. A CI that contains 0
 # but crosses the margin is no evidence of agreement. Nor is the margin small next to the quantisation effect itself:
 # where our quantised model's ppl differs from our source model's by less than the margin, the verdict cannot tell
-# llama.cpp reproducing the quantised model from it reproducing the unquantised one. No paired CI of llama.cpp
-# against the source model is computed here (the receipts keep no per-window NLLs), so the CI cannot separate them;
-# the emulation of llama.cpp's numerics (which closes most of the per-token gap) points to which one it reproduces.
+# llama.cpp reproducing the quantised model from it reproducing the unquantised one. The perplexities themselves
+# can, on the windows scored: every arm scores the same ids, so a quantised arm's ppl_llamacpp reads directly against
+# the source arm's ppl_ours, and against the emulation of llama.cpp's numerics (`ours_with_llamacpp_numerics`). What
+# is not computed is a paired CI of llama.cpp against the source model (the receipts keep no per-window NLLs), which
+# would bound that difference across documents.
 EQUIV_MARGIN = 0.0025
 
 
@@ -405,6 +408,28 @@ def kv_cache_effect(path, windows: torch.Tensor, window: int = WINDOW, threads: 
     return {"max_abs_dlogp": dmax, "mean_abs_dlogp": dsum / n, "top1_agreement": agree / n, "tokens": n}
 
 
+def gguf_vocabulary(model: str) -> Path | None:
+    """The tokenizer directory the judge's GGUF files are written with, chosen as `python -m int4lab.export` chooses
+    it: a checkpoint directory's own when it holds a tokenizer.json, None (this repository's) otherwise. Checked
+    without loading any weights: ValueError when that tokenizer cannot be written (`read_tokenizer`'s rules) or its
+    token count differs from config.json's vocab_size, the embedding rows (`write_gguf` would refuse the file)."""
+    from int4lab.archs import arch_of
+    from int4lab.export import read_tokenizer
+    from int4lab.gate.models import load_config
+    from int4lab.models import ARCHS, model_dir
+    path = model_dir(model) if model in ARCHS else Path(model)
+    tok_dir = path if model not in ARCHS and (path / "tokenizer.json").is_file() else None
+    tok_path, *_, n_tokens = read_tokenizer(tok_dir)
+    cfg = load_config(path)
+    rows = arch_of(cfg).sizes(cfg)["vocab"]
+    if rows != n_tokens:
+        raise ValueError(f"--model {model!r}: config.json gives {rows} embedding rows (vocab_size) but the tokenizer "
+                         f"its GGUF would carry ({tok_path}) has {n_tokens} tokens; llama.cpp sizes the embedding by "
+                         "the token list, so they must match (convert a hub checkpoint with llama.cpp's "
+                         "convert_hf_to_gguf.py)")
+    return tok_dir
+
+
 def judge(model: str, schemes=("rtn", "gptq"), targets: str = "experts", *, window: int = WINDOW,
           windows: int | None = None, threads: int | None = None, workdir=None, progress: bool = True) -> dict:
     """Receipt payload: the source arm and one arm per scheme, each scored by our model and by llama.cpp.
@@ -413,12 +438,14 @@ def judge(model: str, schemes=("rtn", "gptq"), targets: str = "experts", *, wind
     resample documents (`window_documents`), not windows. Each quantised arm also scores our model under
     `llamacpp_numerics`, whole and in its two halves (`DECOMPOSITION`), against the same llama.cpp
     log-probabilities; the source arm also measures llama.cpp's default F16 KV cache against F32
-    (`kv_cache_effect`).
+    (`kv_cache_effect`). The GGUF files carry the vocabulary `gguf_vocabulary` names, checked before any model is
+    built, so llama.cpp's tokeniser is checked against the tokenizer the windows were cut with.
     """
     from int4lab.corpus import load_split
     from int4lab.export import build_model, write_gguf
     from int4lab.gate import documents, token_sha
     t0 = time.time()
+    tok_dir = gguf_vocabulary(model)
     tmp = tempfile.TemporaryDirectory() if workdir is None else None
     wd = Path(workdir or tmp.name)
     arms = {}
@@ -436,7 +463,8 @@ def judge(model: str, schemes=("rtn", "gptq"), targets: str = "experts", *, wind
                 pick = torch.linspace(0, total - 1, windows).round().long()
                 wins, docs = wins[pick], docs[pick]
         label = "source" if scheme is None else f"{scheme}/{targets}/W4A8"
-        path = write_gguf(m, wd / f"{name}-{label.replace('/', '-')}.gguf", name=f"{name}-{label}", force=True)
+        path = write_gguf(m, wd / f"{name}-{label.replace('/', '-')}.gguf", name=f"{name}-{label}", force=True,
+                          tokenizer_dir=tok_dir)
         scorer = LlamaCppScorer(path, window, threads)
         if tok_check is None:
             tok_check = tokenizer_agreement(tok, scorer, load_split("test")[:20000])
@@ -470,7 +498,7 @@ def judge(model: str, schemes=("rtn", "gptq"), targets: str = "experts", *, wind
 
 
 def tokenizer_agreement(tok, scorer, text: str) -> dict:
-    """Does llama.cpp's gpt-2 BPE tokenise the text to our ids? (Scoring bypasses it; a user's prompt does not.)"""
+    """Does llama.cpp's gpt-2 BPE tokenise the text to `tok`'s ids? (Scoring bypasses it; a user's prompt does not.)"""
     ours = tok(text, add_special_tokens=False)["input_ids"]
     theirs = scorer.tokenize(text)
     return {"chars": len(text), "tokens_ours": len(ours), "tokens_llamacpp": len(theirs),
@@ -480,7 +508,9 @@ def tokenizer_agreement(tok, scorer, text: str) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lab.llamacpp", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="mixtral | olmoe | qwen3_moe | a checkpoint directory")
+    ap.add_argument("--model", required=True, help="mixtral | olmoe | qwen3_moe | a checkpoint directory (its GGUF "
+                    "files carry its own tokenizer.json if it has one, else this repository's vocabulary; either way "
+                    "the token count must equal config.json's vocab_size)")
     ap.add_argument("--scheme", nargs="+", default=["rtn", "gptq"], choices=["rtn", "gptq"])
     ap.add_argument("--targets", default="experts", choices=["experts", "experts+attn"])
     ap.add_argument("--window", type=int, default=WINDOW)
@@ -500,6 +530,7 @@ def main(argv=None) -> int:
             if v is not None and v < lo:
                 raise ValueError(f"{flag} must be an int >= {lo}, got {v}")
         model_name_and_context(args.model)
+        gguf_vocabulary(args.model)                          # the vocabulary written, before any model is built
         check_out_path(out)
         if not have_llama_cpp():                             # last: a bad flag is named whether or not it is
             raise ValueError(f"llama_cpp is not installed: {INSTALL_HINT}")

@@ -181,3 +181,58 @@ def test_llamacpp_numerics_explain_the_q4_0_gap(tmp_path, test_windows):
         llamacpp.LlamaCppScorer(tmp_path / "q.gguf", 256, kv_cache="q8_0")
     # and leaving the context restores our own numerics exactly
     assert torch.equal(again["nll_ours"], c["ours"]["nll_ours"])
+
+
+def _checkpoint(tmp_path):
+    from lab.synth import write_checkpoint
+    ck = tmp_path / "ck"
+    write_checkpoint("olmoe", 1, ck, "tiny", dtype=torch.float32, device="cpu")
+    return ck
+
+
+def test_a_checkpoint_whose_vocabulary_cannot_be_written_is_refused_before_any_model(tmp_path, capsys, monkeypatch):
+    """config.json's vocab_size against the token count of the tokenizer the GGUF would carry, read before any
+    weight loads (the judge is never reached)."""
+    import json
+
+    def tripwire(*a, **k):
+        raise AssertionError("the judge started before the vocabulary was checked")
+    monkeypatch.setattr(llamacpp, "judge", tripwire)
+    ck = _checkpoint(tmp_path)
+    n = export.read_tokenizer(ck)[-1]
+    cfg = json.loads((ck / "config.json").read_text())
+    (ck / "config.json").write_text(json.dumps({**cfg, "vocab_size": n + 64}))
+    assert llamacpp.main(["--model", str(ck), "--out", str(tmp_path / "l.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"gives {n + 64} embedding rows" in err and f"has {n} tokens" in err, err
+    with pytest.raises(ValueError, match=f"gives {n + 64} embedding rows"):
+        llamacpp.gguf_vocabulary(str(ck))
+    assert not (tmp_path / "l.json").exists()
+    assert llamacpp.gguf_vocabulary("olmoe") is None                      # a small model: this repository's
+
+
+@needs_llama
+def test_judge_writes_a_checkpoints_own_vocabulary(tmp_path):
+    """A checkpoint directory's tokenizer.json (here the ids of the two commonest tokens of the checked text
+    swapped: same size, another vocabulary) is the one its GGUF carries, so llama.cpp's tokeniser reproduces the
+    checkpoint's ids; with this repository's vocabulary written instead, those two ids would differ."""
+    import json
+
+    import gguf
+    ck = _checkpoint(tmp_path)
+    tj = json.loads((ck / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = tj["model"]["vocab"]
+    ids = il.models.load_tokenizer()(load_split("test")[:20000], add_special_tokens=False)["input_ids"]
+    a, b = (t for t, _ in sorted(((t, ids.count(i)) for t, i in vocab.items()), key=lambda x: -x[1])[:2])
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (ck / "tokenizer.json").write_text(json.dumps(tj), encoding="utf-8")
+    assert llamacpp.gguf_vocabulary(str(ck)) == ck
+    work = tmp_path / "work"
+    work.mkdir()
+    out = llamacpp.judge(str(ck), schemes=(), windows=2, threads=2, workdir=work, progress=False)
+    assert out["tokenizer_check"]["identical"], out["tokenizer_check"]
+    (path,) = work.glob("*.gguf")
+    tokens = gguf.GGUFReader(str(path)).fields["tokenizer.ggml.tokens"]
+    names = [bytes(tokens.parts[i]).decode() for i in tokens.data]
+    assert (names[vocab[a]], names[vocab[b]]) == (a, b)                   # the checkpoint's ids, not this repository's
+    assert out["arms"]["source"]["top1_agreement"] == 1.0
