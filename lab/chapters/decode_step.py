@@ -58,12 +58,13 @@ def first_case(arch_rec: dict) -> tuple[int, int]:
 
 def best_row(arch_rec: dict, state: str, run: str, batch: int, context: int):
     """The fastest row (smallest per layer) of (state, run, batch, context) over the experts implementations. An
-    eager row whose slope's sample range reaches zero (`slope_range`) is no candidate while another's is decided:
-    such a slope, even a negative one, cannot show an implementation faster. None where the receipt has no row."""
+    eager row whose slope's sample range reaches zero (`slope_range`), or whose two-depth line fails (`line_fails`),
+    is no candidate while another's is decided: such a slope, even a negative one, cannot show an implementation
+    faster. None where the receipt has no row."""
     rows = [r for r in arch_rec["rows"] if (r["state"], r["run"], r["batch"], r["context"]) == (state, run, batch, context)
             and "per_layer_us" in r]
     if run == "eager":
-        rows = [r for r in rows if r.get("samples_us") and slope_range(r)[0] > 0] or rows
+        rows = [r for r in rows if r.get("samples_us") and slope_range(r)[0] > 0 and not line_fails(r)] or rows
     return min(rows, key=lambda r: r["per_layer_us"]) if rows else None
 
 

@@ -368,3 +368,18 @@ def test_receipt_at_reads_a_committed_version_or_gives_none():
     assert receipt_at(RECEIPTS / "decode_step_none.json", "HEAD") is None
     head = receipt_at(path, "HEAD")
     assert head is None or head["kind"] == json.loads(path.read_text())["kind"]   # None only without git
+
+
+def test_attention_launch_splits_at_the_receipts_shapes(monkeypatch):
+    """The decode attention launch at the decode-step receipt's shapes on an H100's 132 SMs (what the notes state):
+    at batch 1, context 256, 2 splits of 128 slots on every model (batch x KV heads x splits = 32 / 8 / 16
+    programs); at batch 16, context 256, OLMoE's 256 batch x KV-head programs run unsplit."""
+    from int4lab.kernels import attention
+    from lab.paths import RECEIPTS
+    rec = json.loads((RECEIPTS / "decode_step_h100.json").read_text())
+    monkeypatch.setattr(attention, "_sms", lambda dev: 132)
+    hkv = {m: a["config"]["num_key_value_heads"] for m, a in rec["archs"].items()}
+    cpu = torch.device("cpu")
+    assert {m: attention.plan_splits(1, h, 256, cpu) for m, h in hkv.items()} == {m: (2, 128) for m in hkv}
+    assert [h * attention.plan_splits(1, h, 256, cpu)[0] for h in hkv.values()] == [32, 8, 16]
+    assert attention.plan_splits(16, hkv["olmoe"], 256, cpu) == (1, 256)
