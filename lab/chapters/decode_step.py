@@ -58,12 +58,13 @@ def first_case(arch_rec: dict) -> tuple[int, int]:
 
 def best_row(arch_rec: dict, state: str, run: str, batch: int, context: int):
     """The fastest row (smallest per layer) of (state, run, batch, context) over the experts implementations. An
-    eager row whose slope's sample range reaches zero (`slope_range`) is no candidate while another's is decided:
-    such a slope, even a negative one, cannot show an implementation faster. None where the receipt has no row."""
+    eager row whose slope's sample range reaches zero (`slope_range`), or whose two-depth line fails (`line_fails`),
+    is no candidate while another's is decided: such a slope, even a negative one, cannot show an implementation
+    faster. None where the receipt has no row."""
     rows = [r for r in arch_rec["rows"] if (r["state"], r["run"], r["batch"], r["context"]) == (state, run, batch, context)
             and "per_layer_us" in r]
     if run == "eager":
-        rows = [r for r in rows if r.get("samples_us") and slope_range(r)[0] > 0] or rows
+        rows = [r for r in rows if r.get("samples_us") and slope_range(r)[0] > 0 and not line_fails(r)] or rows
     return min(rows, key=lambda r: r["per_layer_us"]) if rows else None
 
 
@@ -131,7 +132,7 @@ def plot_bars(rec: dict, axes) -> None:
             r = best_row(a, state, run, b, c)
             if r is None:
                 continue
-            if r["run"] == "eager" and slope_range(r)[0] <= 0:       # a slope its samples cannot tell from zero
+            if not decided(r):      # an eager slope or fixed part its samples cannot tell from zero (or below it)
                 labels.append((i, f"{state.replace('int4_', '')}\n{run}\n(undecided)"))
                 continue
             labels.append((i, f"{state.replace('int4_', '')}\n{run}"))
@@ -233,8 +234,23 @@ def fixed_range(row) -> tuple[float, float]:
 
 
 def decided(row) -> bool:
-    """An eager row's slope and fixed cost are usable only where neither's sample range reaches zero."""
+    """An eager row's slope and fixed cost are usable only where neither's sample range reaches zero: a fixed range
+    reaching zero leaves the two-depth line unchecked, and one entirely below zero (`line_fails`) contradicts it."""
     return row["run"] != "eager" or min(slope_range(row)[0], fixed_range(row)[0]) > 0
+
+
+def line_fails(row) -> bool:
+    """Whether an eager row's samples put its fixed part entirely below zero: every step(hi) sample is more than
+    hi / lo times every step(lo) sample, so fixed + layers x per layer does not describe the row, and its slope is
+    not one layer's cost."""
+    return row["run"] == "eager" and fixed_range(row)[1] <= 0
+
+
+def _fails_text(row) -> str:
+    lo, hi, s1, s2 = _depths(row)
+    return (f"fixed entirely below zero: the {hi}-layer step's samples ({min(s2):,.0f}–{max(s2):,.0f} us) are "
+            f"all more than {hi / lo:g}× the {lo}-layer step's ({min(s1):,.0f}–{max(s1):,.0f} us), so the "
+            f"two-depth line fails for this row and its per layer is no layer's cost")
 
 
 def span_text(lo: float, hi: float, unit: str = "µs") -> str:
@@ -247,15 +263,16 @@ def span_text(lo: float, hi: float, unit: str = "µs") -> str:
 
 def row_text(row) -> str:
     """per layer, fixed and tokens/s of a row; for an eager row each with the range its samples allow, and
-    'undecided (spread …)' where that range reaches zero (tokens/s then too: it needs both)."""
+    'undecided (spread …)' where that range reaches zero (tokens/s then too: it needs both); a fixed range entirely
+    below zero is said to contradict the two-depth line (`line_fails`)."""
     if row["run"] != "eager":
         return (f"per layer {row['per_layer_us']:8.1f} us  fixed {row['fixed_us']:8.1f} us  "
                 f"{row['tokens_per_s']:8.1f} tokens/s")
     parts = []
     for name, (lo, hi), v in (("per layer", slope_range(row), row["per_layer_us"]),
                               ("fixed", fixed_range(row), row["fixed_us"])):
-        parts.append(f"{name} {v:,.0f} us ({lo:,.0f}–{hi:,.0f})" if lo > 0 else
-                     f"{name} undecided (spread {span_text(lo, hi, 'us')})")
+        parts.append(f"{name} {v:,.0f} us ({lo:,.0f}–{hi:,.0f})" if lo > 0 else _fails_text(row)
+                     if name == "fixed" and hi <= 0 else f"{name} undecided (spread {span_text(lo, hi, 'us')})")
     parts.append(f"{row['tokens_per_s']:.1f} tokens/s" if decided(row) else "tokens/s undecided")
     return "  ".join(parts)
 
@@ -263,25 +280,33 @@ def row_text(row) -> str:
 def eager_ratio(a: dict, state: str, b: int, c: int, other: str = "bf16", fastest: bool = False) -> dict:
     """Eager per layer of `state` over eager `other` (bf16: its default experts impl, or with fastest=True the one
     fastest eager at (b, c) among those whose slope's sample range lies above zero, `best_row`; "impl" names the
-    denominator's): value, the range its samples allow, and decided = False where either slope's range covers zero
-    or a slope is negative."""
+    denominator's): value, the range its samples allow, and decided = False unless both rows are `decided` (each
+    slope's and each fixed part's sample range above zero) and both slopes positive. Undecided, "range" holds the
+    two slopes' ranges and "fixed" each row's (state, lowest, highest) fixed part, for `eager_text`."""
     pick = lambda st: (best_row(a, st, "eager", b, c) if st == "bf16" and fastest else      # noqa: E731
                        _row(a, st, a.get("default_experts_impl") if st == "bf16" else None, "eager", b, c))
     num, den = pick(state), pick(other)
     if not num or not den:
         return {"value": None, "range": None, "decided": False, "impl": None}
     (nl, nh), (dl, dh) = slope_range(num), slope_range(den)
-    ok = min(nl, dl, num["per_layer_us"], den["per_layer_us"]) > 0
+    ok = min(nl, dl, num["per_layer_us"], den["per_layer_us"]) > 0 and decided(num) and decided(den)
     return {"value": num["per_layer_us"] / den["per_layer_us"], "decided": ok, "impl": den["impl"],
-            "range": (nl / dh, nh / dl) if ok else ((nl, nh), (dl, dh))}
+            "range": (nl / dh, nh / dl) if ok else ((nl, nh), (dl, dh)),
+            **({} if ok else {"fixed": ((state, *fixed_range(num)), (other, *fixed_range(den)))})}
 
 
 def eager_text(e: dict) -> str:
-    """A decided eager ratio as its value and range; otherwise 'undecided (spread …)'."""
+    """A decided eager ratio as its value and range; otherwise 'undecided (spread …)' where a slope's range reaches
+    zero, else 'undecided (fixed part: …)' where a fixed part's does (entirely below zero: the two-depth line fails
+    for that row, `line_fails`)."""
     if e["value"] is None:
         return "–"
     if not e["decided"]:
         (nl, nh), (dl, dh) = e["range"]
-        return f"undecided (spread: per layer {span_text(nl, nh)} over {span_text(dl, dh)})"
+        if min(nl, dl) <= 0 or "fixed" not in e:
+            return f"undecided (spread: per layer {span_text(nl, nh)} over {span_text(dl, dh)})"
+        fixed = lambda st, lo, hi: (f"{st} {span_text(lo, hi)}"      # noqa: E731
+                                    + (" (the two-depth line fails)" if hi <= 0 else ""))
+        return f"undecided (fixed part: {fixed(*e['fixed'][0])}; {fixed(*e['fixed'][1])})"
     lo, hi = e["range"]
     return f"{e['value']:.2f}× ({lo:.2f}–{hi:.2f})"

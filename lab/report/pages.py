@@ -290,8 +290,8 @@ def decode_step_table(receipts=RECEIPTS) -> str:
     int4_fused2 compiled, beside bf16's floor and the best bf16 (the fastest experts implementation graphed, or
     compiled where the receipt compiled bf16: only the implementation fastest graphed is compiled), tokens/s at the
     published depth against that bf16, and eager int4_fused2 against the fastest eager bf16 whose slope is decided
-    (named; the range its samples allow, or undecided). From the receipt's `summary` and rows; "–" where it
-    measured nothing."""
+    (named; the range its samples allow, or undecided where either row's slope or fixed part is not, `decided`).
+    From the receipt's `summary` and rows; "–" where it measured nothing."""
     found = _receipts("decode_step_*.json", receipts)
     if not found:
         return _not_yet("decode_step_<card>.json", "lab.decode_step", "step")
@@ -322,8 +322,10 @@ def decode_step_table(receipts=RECEIPTS) -> str:
             out.append("\n".join(lines) + "\n\n" + (
                 f"Parts that failed (their errors are in the receipt): {errs}. " if errs else "") +
                 "Eager column: per layer = step(2 layers) − step(1 layer) from the run's eager samples, with the range "
-                "they allow (min step(2) − max step(1) to max step(2) − min step(1)); undecided where that range "
-                "reaches zero; the range holds only the spread of the run's own host-timed samples, not run-to-run "
+                "they allow (min step(2) − max step(1) to max step(2) − min step(1)); a ratio is undecided where "
+                "either row's slope range or fixed-part range (step(1) − per layer) reaches zero, a fixed range "
+                "entirely below zero meaning the two-depth line fails for that row (chapter 07's rule for an eager "
+                "row); the range holds only the spread of the run's own host-timed samples, not run-to-run "
                 "noise, so a ratio whose range contains 1 does not say which eager step is faster, and one whose range "
                 "excludes 1 says so for this run only (chapter 07's claim 12 sets them beside the run this receipt "
                 "replaced); "

@@ -163,9 +163,23 @@ def test_chapter_rules_undecided_eager_and_names_our_kernels():
     assert not ch.decided(a["rows"][0]) and "fixed undecided" in ch.row_text(a["rows"][0])
     e = ch.eager_ratio(a, "int4", 1, 8)
     assert e["decided"] is False and ch.eager_text(e).startswith("undecided (spread")
-    a = {"default_experts_impl": "grouped_mm", "rows": [row("int4", [10.0, 11.0], [30.0, 31.0]),
-         {**row("bf16", [10.0, 11.0], [50.0, 51.0]), "impl": "grouped_mm"},
-         {**row("bf16", [10.0, 11.0], [30.0, 31.0]), "impl": "batched_mm"}]}
+    # a ratio is decided only where both rows are: each slope's and each fixed part's sample range above zero
+    a = {"default_experts_impl": "grouped_mm", "rows": [row("int4", [10.0, 11.0], [20.0, 21.0]),
+         {**row("bf16", [30.0, 31.0], [50.0, 51.0]), "impl": "grouped_mm"}]}
+    e = ch.eager_ratio(a, "int4", 1, 8)
+    assert ch.slope_range(a["rows"][0])[0] > 0 and ch.fixed_range(a["rows"][0])[0] < 0 and ch.decided(a["rows"][1])
+    assert e["decided"] is False and ch.eager_text(e) == ("undecided (fixed part: int4 from below zero to 2 µs; "
+                                                          "bf16 9 to 12 µs)")
+    # a fixed range entirely below zero: every 2-layer sample more than twice every 1-layer one, the line fails
+    a["rows"][0] = row("int4", [10.0, 11.0], [25.0, 26.0])
+    assert ch.line_fails(a["rows"][0]) and not ch.line_fails(a["rows"][1])
+    assert "fixed entirely below zero: the 2-layer step's samples (25–26 us) are all more than 2× the 1-layer " \
+           "step's (10–11 us), so the two-depth line fails" in ch.row_text(a["rows"][0])
+    assert ch.eager_text(ch.eager_ratio(a, "int4", 1, 8)).startswith(
+        "undecided (fixed part: int4 entirely below zero (the two-depth line fails); bf16 9 to 12 µs)")
+    a = {"default_experts_impl": "grouped_mm", "rows": [row("int4", [30.0, 31.0], [50.0, 51.0]),
+         {**row("bf16", [50.0, 51.0], [90.0, 91.0]), "impl": "grouped_mm"},
+         {**row("bf16", [30.0, 31.0], [50.0, 51.0]), "impl": "batched_mm"}]}
     # bf16 is the default experts impl, or the fastest eager one, named
     assert ch.eager_ratio(a, "int4", 1, 8)["impl"] == "grouped_mm" and ch.eager_ratio(a, "int4", 1, 8)["value"] == 0.5
     f = ch.eager_ratio(a, "int4", 1, 8, fastest=True)
@@ -301,17 +315,20 @@ def test_eager_run_to_run_pairs_the_ratios_decided_in_both(monkeypatch):
         return {"state": st, "impl": impl, "run": "eager", "batch": 1, "context": 256, "per_layer_us": min(s2) - min(s1),
                 "samples_us": {"1": s1, "2": s2}, "fixed_us": 0.0, "tokens_per_s": 1.0, "full_layers": 16}
     prov = {"provenance": {"device": "H100", "torch": "2"}, "transformers": "5"}
-    new = {**_target_rec(True, rows=[eager("int4", None, [10.0, 11.0], [30.0, 31.0]),
+    new = {**_target_rec(True, rows=[eager("int4", None, [30.0, 31.0], [50.0, 51.0]),
                                      eager("int4_fused2", None, [10.0, 40.0], [20.0, 21.0]),
-                                     eager("bf16", "grouped_mm", [10.0, 11.0], [20.0, 21.0])]), **prov}
+                                     eager("int4_fused", None, [10.0, 11.0], [20.0, 21.0]),
+                                     eager("bf16", "grouped_mm", [20.0, 21.0], [30.0, 31.0])]), **prov}
     old = {**_target_rec(True, rows=[eager("int4", None, [10.0, 11.0], [15.0, 16.0]),
                                      eager("int4_fused2", None, [10.0, 11.0], [15.0, 16.0]),
-                                     eager("bf16", "grouped_mm", [10.0, 11.0], [20.0, 21.0])]), **prov}
+                                     eager("int4_fused", None, [10.0, 11.0], [15.0, 16.0]),
+                                     eager("bf16", "grouped_mm", [20.0, 21.0], [30.0, 31.0])]), **prov}
     for rec in (new, old):
         rec["archs"]["olmoe"]["default_experts_impl"] = "grouped_mm"
     monkeypatch.setattr(history, "receipt_at", lambda path, commit: old)
     pairs = tg.eager_run_to_run(new, None)
-    assert list(pairs) == [("olmoe", "B1 C256", "int4")]                    # int4_fused2's new slope reaches zero
+    # int4_fused2's new slope reaches zero; int4_fused's new fixed part reaches zero (10 - 11 < 0)
+    assert list(pairs) == [("olmoe", "B1 C256", "int4")]
     (e, f), = pairs.values()
     assert e["value"] == 2.0 and e["range"] == (19.0 / 11.0, 21.0 / 9.0)
     assert f["value"] == 0.5 and f["range"] == (4.0 / 11.0, 6.0 / 9.0)
@@ -351,3 +368,18 @@ def test_receipt_at_reads_a_committed_version_or_gives_none():
     assert receipt_at(RECEIPTS / "decode_step_none.json", "HEAD") is None
     head = receipt_at(path, "HEAD")
     assert head is None or head["kind"] == json.loads(path.read_text())["kind"]   # None only without git
+
+
+def test_attention_launch_splits_at_the_receipts_shapes(monkeypatch):
+    """The decode attention launch at the decode-step receipt's shapes on an H100's 132 SMs (what the notes state):
+    at batch 1, context 256, 2 splits of 128 slots on every model (batch x KV heads x splits = 32 / 8 / 16
+    programs); at batch 16, context 256, OLMoE's 256 batch x KV-head programs run unsplit."""
+    from int4lab.kernels import attention
+    from lab.paths import RECEIPTS
+    rec = json.loads((RECEIPTS / "decode_step_h100.json").read_text())
+    monkeypatch.setattr(attention, "_sms", lambda dev: 132)
+    hkv = {m: a["config"]["num_key_value_heads"] for m, a in rec["archs"].items()}
+    cpu = torch.device("cpu")
+    assert {m: attention.plan_splits(1, h, 256, cpu) for m, h in hkv.items()} == {m: (2, 128) for m in hkv}
+    assert [h * attention.plan_splits(1, h, 256, cpu)[0] for h in hkv.values()] == [32, 8, 16]
+    assert attention.plan_splits(16, hkv["olmoe"], 256, cpu) == (1, 256)
