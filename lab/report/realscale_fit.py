@@ -41,12 +41,28 @@ def _points(fit: dict) -> str:
     return "; ".join(f"{_layers(L)} {v:.3g} s" for L, v in fit["points"].items())
 
 
-def gptq_text(ex: dict, depths: dict, card_bytes, fitted, gb) -> str:
+def gptq_text(arch: str, ex: dict, depths: dict, card_bytes, fitted, gb) -> str:
     """The GPTQ line under a fit's table: sweeps and calibration forwards fitted to full depth, each with its own
     points; the depths' placement (all on the GPU, and whether the GPU-peak fit passes the card at full depth); the
-    share of experts GPTQ swept at the quick settings, when the receipt's tables record the fallback."""
+    README-defaults total with its target; the share of experts GPTQ swept at the calibration size the depths ran."""
     f, n = ex["fits"], ex["full_layers"]
-    text = (f"GPTQ at the README's defaults (every draw of both targets), each depth scaled by `lab.realscale_predict` "
+    t = (ex.get("targets") or {}).get("gate_s") or {}
+    d = f.get("default_gate_s") or {}
+    whole = ""
+    if d:
+        v = fitted(f, "default_gate_s", lambda x: f"{x:.0f} s ({x / 60:.0f} min)")
+        cap, peak = ex.get("device_map_cap") or {}, (f.get("gpu_peak_bytes") or {}).get("full_depth")
+        # a placement the measured depths did not have (layers or arms past the GPU's share) leaves it open
+        moved = cap.get("source_exceeds_cap") or (cap and peak and card_bytes and peak > card_bytes)
+        verdict = ("" if not t.get("target") else f" (target ≤ {t['target']:.0f} s: undecided)" if v == "undecided"
+                   else f" (target ≤ {t['target']:.0f} s: "
+                        + ("met at the measured depths' placement, undecided at full depth, whose placement no run "
+                           "measured: below)" if moved and d["full_depth"] <= t["target"] else
+                           f"{'met' if d['full_depth'] <= t['target'] else 'missed'})"))
+        whole = (f"The README's command at its defaults (every ticket and draw, every document), each depth's parts "
+                 f"scaled by `lab.realscale_predict` and fitted to {n} layers: **{v}**{verdict} (points by depth: "
+                 f"{_points(d)}); the fitted row above is the quick settings the depths ran. ")
+    text = whole + (f"GPTQ at the README's defaults (every draw of both targets), each depth scaled by `lab.realscale_predict` "
             f"and fitted to {n} layers: column sweeps {fitted(f, 'gptq_sweep_default_s')} (points by depth: "
             f"{_points(f['gptq_sweep_default_s'])}), calibration forwards {fitted(f, 'gptq_forward_default_s')}"
             + (f" (points: {_points(f['gptq_forward_default_s'])})" if "gptq_forward_default_s" in f else "") + ".")
@@ -62,10 +78,56 @@ def gptq_text(ex: dict, depths: dict, card_bytes, fitted, gb) -> str:
                     f"{gb(peak)} against the card's {gb(card_bytes)}: how many arms such a run holds beside the source "
                     f"was not predicted for a device-map run, nor measured"
                     if peak and card_bytes and peak > card_bytes else "") + ".")
+    return text + swept_text(arch, depths)
+
+
+def calib_need(arch: str) -> tuple[int, int]:
+    """(K, tokens): an expert's default `min_rows` (K = max(H, I), the K of its widest input) and the calibration
+    tokens per draw that give every expert K routed rows when routing is even (K x E / k)."""
+    from int4lab.archs import ARCHS
+    c = ARCHS[arch].published.config
+    K = max(c["hidden_size"], c.get("moe_intermediate_size") or c["intermediate_size"])
+    E = c.get("num_local_experts") or c["num_experts"]
+    return K, -(-K * E // c["num_experts_per_tok"])
+
+
+def swept_text(arch: str, depths: dict) -> str:
+    """The share of experts GPTQ swept at each depth, with the calibration tokens per draw it had and the tokens
+    that would give every expert `min_rows` on even routing; "" when the receipt's tables record no fallback."""
     swept = gptq_swept(depths)
-    if swept:
-        text += (" At the quick settings GPTQ swept " + ", ".join(
-            f"{s} of {t} experts ({100 * s / t:.0f} %) at {_layers(L)}" for L, (s, t) in swept.items())
-                 + "; the rest fell back to round-to-nearest (fewer calibration rows than `min_rows`), so the "
-                   "sweeps' times hold for that share under the synthetic checkpoint's routing.")
-    return text
+    if not swept:
+        return ""
+    g = _gates(depths)[0][1]
+    tokens = g["settings"].get("calib_tokens")
+    K, n = calib_need(arch)
+    need = (f"; an expert needs `min_rows` = K = {K} routed rows, which even routing gives every expert from "
+                f"{n:,} calibration tokens per draw")
+    return (f" With {tokens:,} calibration tokens per draw (the README's default) GPTQ swept " + ", ".join(
+        f"{s} of {t} experts ({100 * s / t:.0f} %) at {_layers(L)}" for L, (s, t) in swept.items())
+            + f"; the rest fell back to round-to-nearest (fewer routed calibration rows than `min_rows`{need}), so "
+              "the sweeps' times hold for that share under the synthetic checkpoint's routing, not for all experts.")
+
+
+def full_text(arch: str, a: dict, r: dict) -> str:
+    """The targets of a full-depth run (`--full`), from its receipt: the gate's time against the architecture's
+    target, the time outside the forwards and GPTQ's column sweeps against the forwards' own time, the tickets
+    per round-to-nearest arm, and the receipt's gate / forwards beside TARGET_RATIO."""
+    f = a["full"]
+    (L, g), = _gates(a["depths"])
+    tm, ph = g["timing"], f["phases"]
+    fw = tm["forward_s"] + tm.get("calibration_forward_s", 0.0)
+    sweeps = ph.get("gptq_sweep_s") or 0.0
+    outside = f["gate_s"] - fw - sweeps
+    target = r["settings"]["targets"]["gate_s"].get(arch)
+    arms = f.get("arms") or {}
+    tickets = arms.get("lottery", 0) / arms["rtn"] if arms.get("rtn") else None
+    ratio_t = r["settings"]["targets"]["gate_over_forwards"]
+    return (f"Targets at {L} layers: the gate {f['gate_s']:.0f} s"
+            + (f" against ≤ {target:.0f} s: {'met' if f['gate_s'] <= target else 'missed'}" if target else "")
+            + f"; the time outside the forwards (scoring, floor and GPTQ calibration, {fw:.0f} s) and GPTQ's column "
+              f"sweeps ({sweeps:.0f} s) is {f['gate_s']:.0f} − {fw:.0f} − {sweeps:.0f} = {outside:.0f} s against the "
+              f"forwards' own {fw:.0f} s: {'met' if outside <= fw else 'missed'}"
+            + (f"; {tickets:g} lottery tickets per round-to-nearest arm" if tickets else "")
+            + f". The receipt's gate / forwards, sweeps and building included, is {f['gate_over_forwards']:.2f} "
+              f"(`TARGET_RATIO` {ratio_t} in `lab/realscale_gate.py`: "
+              f"{'met' if f['gate_over_forwards'] <= ratio_t else 'missed'})." + swept_text(arch, a["depths"]))

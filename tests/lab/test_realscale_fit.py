@@ -1,11 +1,13 @@
 """The GPTQ line under a truncated-depth fit says where the depths' sources sat and what share GPTQ swept."""
-from lab.report.realscale_fit import all_on_gpu, gptq_swept, gptq_text
+from lab.report.realscale_fit import all_on_gpu, calib_need, full_text, gptq_swept, gptq_text
 
 
 def _depths(where="cuda"):
     note = "PASS (GPTQ→RTN fallback: {} of {} experts)"
-    return {"2": {"gate": {"source_bytes": {where: 1}, "table": ["rtn  PASS", "gptq " + note.format(227, 256)]}},
-            "1": {"gate": {"source_bytes": {"cuda": 1}, "table": ["gptq " + note.format(111, 128)]}},
+    st = {"calib_tokens": 16384}
+    return {"2": {"gate": {"source_bytes": {where: 1}, "table": ["rtn  PASS", "gptq " + note.format(227, 256)],
+                           "settings": st}},
+            "1": {"gate": {"source_bytes": {"cuda": 1}, "table": ["gptq " + note.format(111, 128)], "settings": st}},
             "3": {"error": {"error": "AssertionError: parity"}}}
 
 
@@ -17,13 +19,38 @@ def test_swept_share_and_placement_read_from_the_depths():
 def test_the_line_prints_each_fit_with_its_own_points():
     fit = lambda *v: {"points": dict(zip("12", v)), "full_depth": 100.0}                     # noqa: E731
     ex = {"full_layers": 48, "fits": {"gptq_sweep_default_s": fit(5.3, 10.3), "gptq_forward_default_s": fit(0.94, 1.7),
-                                      "gpu_peak_bytes": {"full_depth": 2e11}},
+                                      "gpu_peak_bytes": {"full_depth": 2e11}, "default_gate_s": fit(150.0, 180.0)},
+          "targets": {"gate_s": {"target": 3600.0}},
           "device_map_cap": {"gpu_cap_bytes": 70 * 2 ** 30, "source_gpu_bytes_full_depth": 6.1e10,
                              "source_exceeds_cap": False}}
-    text = gptq_text(ex, _depths(), 8.5e10, lambda f, k: f"{f[k]['full_depth']:.0f} s",
+    text = gptq_text("qwen3_moe", ex, _depths(), 8.5e10, lambda f, k, *a: f"{f[k]['full_depth']:.0f} s",
                      lambda b: f"{b / 2 ** 30:.1f} GiB")
     assert "column sweeps 100 s (points by depth: 1 layer 5.3 s; 2 layers 10.3 s)" in text
     assert "calibration forwards 100 s (points: 1 layer 0.94 s; 2 layers 1.7 s)" in text
     assert "the source alone (56.8 GiB fitted) stays under the GPU's `--max-memory` share (70.0 GiB)" in text
     assert "reaches 186.3 GiB against the card's 79.2 GiB" in text and "17 of 128 experts (13 %) at 1 layer" in text
-    assert "no host offload" not in gptq_text(ex, _depths("cpu"), 8.5e10, lambda f, k: "x", str)
+    assert "no host offload" not in gptq_text("qwen3_moe", ex, _depths("cpu"), 8.5e10, lambda f, k, *a: "x", str)
+    # the README-defaults total leads, its target open where the full depth's placement passes the card
+    assert text.startswith("The README's command at its defaults") and "undecided at full depth" in text
+    assert "With 16,384 calibration tokens per draw" in text and "from 32,768 calibration tokens per draw" in text
+    ex["fits"]["gpu_peak_bytes"]["full_depth"] = 1e10
+    assert "(target ≤ 3600 s: met)" in gptq_text("qwen3_moe", ex, _depths(), 8.5e10,
+                                                   lambda f, k, *a: f"{f[k]['full_depth']:.0f} s", str)
+
+
+def test_calibration_tokens_that_reach_every_expert():
+    # K = max(H, I) routed rows per expert; even routing gives each expert tokens x k / E of them
+    assert calib_need("mixtral") == (14336, 57344) and calib_need("qwen3_moe") == (2048, 32768)
+    assert calib_need("olmoe") == (2048, 16384)
+
+
+def test_full_depth_targets_line():
+    g = {"timing": {"forward_s": 100.0, "calibration_forward_s": 20.0}, "settings": {"calib_tokens": 16384},
+         "table": ["gptq PASS (GPTQ→RTN fallback: 700 of 1024 experts)"]}
+    a = {"full": {"gate_s": 300.0, "phases": {"gptq_sweep_s": 80.0}, "arms": {"rtn": 2, "lottery": 32, "gptq": 6},
+                  "gate_over_forwards": 2.5}, "depths": {"16": {"gate": g}}}
+    r = {"settings": {"targets": {"gate_s": {"olmoe": 600.0}, "gate_over_forwards": 1.5}}}
+    t = full_text("olmoe", a, r)
+    assert "the gate 300 s against ≤ 600 s: met" in t and "300 − 120 − 80 = 100 s against the forwards' own 120 s: met" in t
+    assert "16 lottery tickets per round-to-nearest arm" in t and "is 2.50 (`TARGET_RATIO` 1.5" in t and "missed" in t
+    assert "324 of 1024 experts (32 %)" in t
