@@ -7,7 +7,8 @@ steps through the int4 kernels in Triton's interpreter (slow: a short window) wh
 takes the torch reference path, so `parity` compares the kernels with the reference. On CUDA both run the
 same decode kernels (a full forward is chunked through moe_decode_step's kernels), so there `parity` checks
 cached decode against the full forward only, not the kernels. `parity` asserts that the two log-probabilities
-agree within PARITY_TOL: same quantisation points, same bf16 roundings. They still part where float32
+agree within PARITY_TOL, or within PARITY_REF_FACTOR times the unquantised model's own cached-vs-full gap on the same
+windows where that is larger: same quantisation points, same bf16 roundings. They still part where float32
 arithmetic is done in another order or form: cached one-token decode against the full causal forward leaves a
 small float32 residual at every step, and a kernel sum or SwiGLU that rounds to another bf16 value or
 int8 code than torch's matmul or silu can add a larger jump.
