@@ -25,7 +25,7 @@ in the receipt; `readme_defaults` holds the default-settings time and GPTQ's sha
 On one GPU without a device map the full-depth memory is predicted from the fitted parts by the gate's own
 group rule (`predict_groups`): how many arms a group holds on the card, the groups, the peak, and the extra
 source forwards the groups cost. "gate / forwards" is the gate's wall time over the time inside the forwards
-it ran (scoring, floor and GPTQ calibration); its target is <= 1.5.
+it ran (scoring and GPTQ calibration; the floor's forwards are not timed apart); its target is <= 1.5.
 Full mode (--full): one run at the published depth, no warm-up (a user's first run pays compilation too; with
 --warmup-full the small gate runs first, as a second run on the same machine finds the kernels compiled), reporting
 wall time with the checkpoint write, peaks, time by phase and gate / forwards beside an earlier fit's prediction

@@ -110,17 +110,23 @@ def _not_yet(name: str, module: str, stage: str) -> str:
             f"(`lab/gpu_run.sh`, stage `{stage}`).")
 
 
+def off_line(f: dict) -> bool:
+    """A fit the fixed + layers x per_layer line does not describe: a negative slope (a deeper run measured less) or
+    a negative fixed part (the depths grow faster than the line, so its slope overstates nothing it can vouch for)."""
+    return bool(f.get("warning")) or (f.get("fixed") or 0) < 0
+
+
 def fit_flags(fits: dict) -> list:
-    """The fits behind the time targets (gate, forwards, calibration forwards) with a negative slope (a deeper run
-    measured less): any one leaves the full-depth time and gate / forwards undecided, whatever the receipt's
+    """The fits behind the time targets (gate, forwards, calibration forwards) the line does not describe
+    (`off_line`): any one leaves the full-depth time and gate / forwards undecided, whatever the receipt's
     `targets` say."""
-    return [k for k in ("gate_s", "forward_s", "calibration_forward_s") if (fits.get(k) or {}).get("warning")]
+    return [k for k in ("gate_s", "forward_s", "calibration_forward_s") if off_line(fits.get(k) or {})]
 
 
 def fitted(fits: dict, key: str, fmt=None) -> str:
-    """A fitted full-depth figure, or 'undecided' where its fit has a negative slope (never a negative time)."""
+    """A fitted full-depth figure, or 'undecided' where the line does not describe its depths (`off_line`)."""
     f = fits.get(key) or {}
-    if f.get("warning") or f.get("full_depth") is None:
+    if off_line(f) or f.get("full_depth") is None:
         return "undecided"
     return (fmt or _s)(f["full_depth"])
 
@@ -134,7 +140,8 @@ def warmup_text(r: dict) -> str:
     args = next((d["warmup"].get("args") or [] for a in r.get("archs", {}).values()
                  for d in (a.get("depths") or {}).values() if isinstance(d.get("warmup"), dict)), [])
     which = "one text" if "--texts" in args else "each text"
-    return "no warm-up (the measured run pays every first-use cost, kernel compilation included)" if w == "none" \
+    return ("no warm-up gate (the measured run pays the first-use costs, kernel compilation included, that earlier "
+            "runs on the same machine had not already paid)") if w == "none" \
         else f"an unmeasured warm-up gate {w} (twenty documents of {which}, one arm per scheme and target)"
 
 
@@ -183,13 +190,11 @@ def realscale_table(receipts=RECEIPTS) -> str:
                 t, mem = ex["targets"], ex.get("memory") or {}
                 gof = t["gate_over_forwards"]
                 flagged = fit_flags(ex["fits"])       # read from the fits, so an older receipt is judged the same way
-                if flagged:
-                    time_cell = gof_cell = (f"undecided (the fit of {', '.join(f'`{k}`' for k in flagged)} has a "
-                                            "negative slope)")
-                else:
-                    # the quick settings the depths ran: the targets are the README command's (the line below)
-                    time_cell = f"**{_s(t['gate_s']['value'])}** (quick settings)"
-                    gof_cell = f"**{gof['value']:.1f}** (quick settings)"
+                why = lambda ks: (f"undecided (the line does not describe {', '.join(f'`{k}`' for k in ks)}: "  # noqa: E731
+                                  "a negative slope or fixed part)")
+                # the quick settings the depths ran: the targets are the README command's (the GPTQ line below)
+                time_cell = why(["gate_s"]) if "gate_s" in flagged else f"**{_s(t['gate_s']['value'])}** (quick settings)"
+                gof_cell = why(flagged) if flagged else f"**{gof['value']:.1f}** (quick settings)"
                 lines.append(_line([arch, f"**{ex['full_layers']} (fitted)**", time_cell,
                                     fitted(ex["fits"], "build_s"), fitted(ex["fits"], "score_s"), "–", gof_cell,
                                     _gb(mem["peak_bytes"]) + " predicted" if mem.get("peak_bytes") else "–",
@@ -198,10 +203,11 @@ def realscale_table(receipts=RECEIPTS) -> str:
                                     "–"]))
                 if "gptq_sweep_default_s" in ex["fits"]:
                     lines += ["", gptq_text(arch, ex, a.get("depths", {}), r["settings"].get("card_bytes"), fitted, _gb)]
-                warn = [f"`{k}`" for k, v in ex["fits"].items() if v.get("warning")]
+                warn = [f"`{k}`" for k, v in ex["fits"].items() if off_line(v)]
                 lines += ["", f"Fitted rows: {r['settings']['extrapolation']}; memory: {mem.get('formula', '–')}."
-                          + (f" Fits with a negative slope (a deeper run measured less, so the fit decides nothing and "
-                             f"is not shown): {', '.join(warn)}." if warn else "")]
+                          + (f" Fits the line does not describe (a negative slope: a deeper run measured less; or a "
+                             f"negative fixed part: the depths grow faster than the line), so they decide nothing and "
+                             f"are not shown: {', '.join(warn)}." if warn else "")]
             if not any(a.get("depths") for a in r.get("archs", {}).values()):
                 lines = [lines[0].replace("stopped before every depth ran", "stopped before any depth finished")
                          .replace("; the rows below are the depths that finished.", ".")]   # no table to show

@@ -386,7 +386,8 @@ def test_realscale_gate_full_depth_on_the_cpu(tmp_path, monkeypatch):
     a = r["archs"]["olmoe"]
     f = a["full"]
     assert list(a["depths"]) == ["2"] and "warmup" not in a["depths"]["2"] and "extrapolation" not in a
-    assert r["settings"]["warmup"] == "none" and "pays every first-use cost" in report.warmup_text(r)
+    assert r["settings"]["warmup"] == "none"
+    assert "that earlier runs on the same machine had not already paid" in report.warmup_text(r)
     assert f["arms"] == {"rtn": 2, "lottery": 2, "gptq": 2} and f["wall_s"] == pytest.approx(
         f["checkpoint_s"] + f["gate_s"])
     assert f["phases"]["gptq_sweep_s"] > 0 and f["gate_over_forwards"] > 1 and f["host_peak_bytes"] > 0
