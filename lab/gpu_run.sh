@@ -123,13 +123,14 @@ if has gate_full; then
   stage "gate at full depth: OLMoE 16 layers"
   rm -rf /dev/shm/rsg_full
   alloc=${FULL_ALLOC_CONF:-${PYTORCH_CUDA_ALLOC_CONF:-}}
+  full="$OUT/realscale_gate_full_olmoe${FULL_WARM:+_warm}_$card"      # a warmed run keeps its own name
   # the log's first line records the settings the receipt does not (the allocator's, the stage's limit)
   echo "PYTORCH_CUDA_ALLOC_CONF=${alloc:-(unset: the default allocator)}; timeout ${GATE_S:-480} s" \
-    | tee "$OUT/realscale_gate_full_olmoe_$card.gate.txt"
+    | tee "$full.gate.txt"
   PYTORCH_CUDA_ALLOC_CONF=$alloc \
   timeout ${GATE_S:-480} python3 -m lab.realscale_gate --arch olmoe --full ${FULL_WARM:+--warmup-full} --workdir /dev/shm/rsg_full \
-    --out "$OUT/realscale_gate_full_olmoe_$card.json" 2>&1 | grep --line-buffered -v "Writing model shards\|Loading weights" \
-    | tee -a "$OUT/realscale_gate_full_olmoe_$card.gate.txt" | tail -30
+    --out "$full.json" 2>&1 | grep --line-buffered -v "Writing model shards\|Loading weights" \
+    | tee -a "$full.gate.txt" | tail -30
   rm -rf /dev/shm/rsg_full
 fi
 if has gate_fit; then

@@ -131,6 +131,15 @@ def fitted(fits: dict, key: str, fmt=None) -> str:
     return (fmt or _s)(f["full_depth"])
 
 
+def renamed(r: dict, path: Path) -> str:
+    """A note where the receipt's recorded --out names another file than the one it is kept as."""
+    words = str(r["provenance"].get("command") or "").split()
+    out = next((words[i + 1] for i, w in enumerate(words[:-1]) if w == "--out"), None)
+    if out is None or Path(out).name == path.name:
+        return ""
+    return f" (it wrote `{Path(out).name}`; kept here as `{path.name}`)"
+
+
 def warmup_text(r: dict) -> str:
     """Whether the measured gate ran after an unmeasured small one (kernels compiled) or paid compilation itself."""
     w = r["settings"].get("warmup")
@@ -160,7 +169,7 @@ def realscale_table(receipts=RECEIPTS) -> str:
             lines = [("" if r.get("complete") is not False else
                       f"**Partial run: `{path.name}` stopped before every depth ran** ({why}); the rows below are "
                       "the depths that finished.\n\n") + f"`data/receipts/{path.name}` ({_prov(r)}; "
-                     f"`{portable_command(r['provenance'].get('command'))}`; {warmup_text(r)}):", "",
+                     f"`{portable_command(r['provenance'].get('command'))}`{renamed(r, path)}; {warmup_text(r)}):", "",
                      "| model | layers | gate | build arms (by kind, s) | score | inside forwards | gate / forwards | GPU peak | "
                      "host peak | arms in groups | verdicts |", "|---|---|---|---|---|---|---|---|---|---|---|"]
             for arch, a in sorted(r.get("archs", {}).items()):

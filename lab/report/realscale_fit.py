@@ -20,17 +20,22 @@ def all_on_gpu(depths: dict) -> bool:
                                for _, g in gates)
 
 
-def gptq_swept(depths: dict) -> dict[str, tuple[int, int]]:
-    """{depth: (experts GPTQ swept, experts in all)} from the fallback notes of the depth's GPTQ arms (the first
-    arm's, the arms of one depth sharing one calibration set); a depth without a note is left out."""
+def gptq_swept(depths: dict) -> dict[str, tuple[int, int, int]]:
+    """{depth: (fewest experts GPTQ swept, most, experts in all)} over the fallback notes of the depth's GPTQ arms that
+    its stored table holds (each draw calibrates on its own tokens, so arms differ); a depth without a note is left
+    out."""
     out = {}
     for L, g in _gates(depths):
-        for line in g.get("table") or []:
-            if m := _FALLBACK.search(line):
-                fell, total = int(m[1]), int(m[2])
-                out[L] = (total - fell, total)
-                break
+        got = [(int(m[2]) - int(m[1]), int(m[2])) for line in g.get("table") or [] if (m := _FALLBACK.search(line))]
+        if got:
+            out[L] = (min(s for s, _ in got), max(s for s, _ in got), got[0][1])
     return out
+
+
+def _share(lo: int, hi: int, t: int) -> str:
+    if lo == hi:
+        return f"{lo} of {t} experts ({100 * lo / t:.0f} %)"
+    return f"{lo}-{hi} of {t} experts ({100 * lo / t:.0f}-{100 * hi / t:.0f} %)"
 
 
 def _layers(L: str) -> str:
@@ -101,9 +106,10 @@ def swept_text(arch: str, depths: dict) -> str:
     tokens = g["settings"].get("calib_tokens")
     K, n = calib_need(arch)
     need = (f"; an expert needs `min_rows` = K = {K} routed rows, which even routing gives every expert from "
-                f"{n:,} calibration tokens per draw")
+            f"{n:,} calibration tokens per draw, uneven routing only from more")
     return (f" With {tokens:,} calibration tokens per draw (the README's default) GPTQ swept " + ", ".join(
-        f"{s} of {t} experts ({100 * s / t:.0f} %) at {_layers(L)}" for L, (s, t) in swept.items())
+        f"{_share(lo, hi, t)} at {_layers(L)}" for L, (lo, hi, t) in swept.items())
+            + " (over the GPTQ arms whose rows the receipt's stored table holds)"
             + f"; the rest fell back to round-to-nearest (fewer routed calibration rows than `min_rows`{need}), so "
               "the sweeps' times hold for that share under the synthetic checkpoint's routing, not for all experts.")
 

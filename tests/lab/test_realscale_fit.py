@@ -12,7 +12,10 @@ def _depths(where="cuda"):
 
 
 def test_swept_share_and_placement_read_from_the_depths():
-    assert gptq_swept(_depths()) == {"1": (17, 128), "2": (29, 256)}
+    assert gptq_swept(_depths()) == {"1": (17, 17, 128), "2": (29, 29, 256)}
+    d = _depths()
+    d["2"]["gate"]["table"].append("gptq draw#1 PASS (GPTQ→RTN fallback: 230 of 256 experts)")
+    assert gptq_swept(d)["2"] == (26, 29, 256)                      # each draw its own calibration set
     assert all_on_gpu(_depths()) and not all_on_gpu(_depths("cpu")) and not all_on_gpu({})
 
 
