@@ -473,7 +473,8 @@ def test_a_fit_with_a_negative_slope_is_undecided_and_prints_no_negative_time(tm
                                              "gate_over_forwards": {"value": 0.7, "target": 1.5, "met": True}}}}}}
     (tmp_path / "realscale_gate_qwen3_moe_h100.json").write_text(json.dumps(rec))
     text = report.realscale_table(tmp_path)
-    assert "undecided (the fit of `gate_s`, `forward_s` has a negative slope)" in text
+    assert "undecided (the line does not describe `gate_s`: a negative slope or fixed part)" in text
+    assert "undecided (the line does not describe `gate_s`, `forward_s`: a negative slope or fixed part)" in text
     assert "met" not in text.split("**48 (fitted)**")[1].split("\n")[0] and "-404" not in text
     assert "error: AssertionError: parity" in text
 
