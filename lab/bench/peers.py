@@ -186,7 +186,7 @@ class MoEInputs(NamedTuple):
 def routing(m: MoEModel, rows: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Random distinct top-k expert ids int32 [R, A] and renormalised softmax weights fp32 [R, A], drawn on the
     CPU from (seed, rows): every implementation of a row, its read floor and `--dry-run` see the same experts.
-    The model is not in the seed, so models with the same `rows` share a stream (a first row's logits over 64
+    The random seed leaves the model out, so models with the same `rows` share a stream (a first row's logits over 64
     experts are the first 64 of a 128-expert model's): their routings are not independent draws."""
     gen = torch.Generator().manual_seed(1000 * seed + rows)
     logits = torch.randn(rows, m.n_experts, generator=gen)
