@@ -74,8 +74,10 @@ def run_gate(model: str, arms: list[Arm], *, budget: float = 0.01, dtype=torch.f
     calib_split, or from the documents of calib_text (a source spec, as texts) when given.
     parity_steps > 0: the decode instrument's kernel-parity check on the first arm, over that many steps, beside
     the source's own cached-vs-full gap on the same windows (`decode.parity`).
-    prefill_min_rows: the arms score through the prefill path from that many rows per decoded weight
-    (`int4lab.quantize.prefill`; 0: always, None: the decode kernels only); the source is bf16 torch either way.
+    prefill_min_rows: on CUDA, the arms score through the prefill path from that many rows per decoded weight
+    (`int4lab.quantize.prefill`; 0: always, None: the decode kernels only); on a CPU they take the torch
+    reference path whatever it says. The source runs the torch path in `dtype` either way (float32 by default
+    and in the published CPU receipts; bfloat16 by the CLI's default on CUDA).
     max_docs: score only the first max_docs documents of each text (quick runs; None = all).
     tasks: lm-eval tasks to score as well (token-level perplexity from per-document log-likelihoods).
     device_map / max_memory: accelerate placement for checkpoint directories (see `load_model`); arms are then

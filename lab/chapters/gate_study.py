@@ -146,7 +146,8 @@ def below_source(receipts: dict) -> list[dict]:
 
 def fallback(arm: dict) -> tuple[int, int]:
     """(experts packed round-to-nearest, experts in all) of a GPTQ arm: its quant_report's `fallback`, the experts
-    that had fewer calibration rows than GPTQ needs. (0, m) for an arm with none; (0, 0) without a report."""
+    that had fewer calibration rows than the gate's `min_rows` (default K). (0, m) for an arm with none; (0, 0)
+    without a report."""
     q = arm.get("quant_report") or {}
     fb = len(q.get("fallback") or [])
     return fb, fb + int(q.get("gptq_experts") or 0)

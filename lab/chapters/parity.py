@@ -14,7 +14,9 @@ captures every experts block's input at every step, and sends the same input thr
   * the down projection's int8 activation codes and float32 scales of silu(gate) * up, each side from its own h,
     both computed in torch: the kernel side emulates the kernel's prologue (its SwiGLU form g / (1 + exp(-g)) * u,
     then `quant_x_rows_ref`), it is not read from the kernel;
-  * down: the routed GEMV from the *reference* h against the reference, so a difference here is down's own;
+  * down: the routed down call (its SwiGLU-and-re-quantise prologue, then the GEMV) from the *reference* h
+    against the reference's silu(g) * u, re-quantised and multiplied; a difference here comes from that call (its
+    prologue's SwiGLU form or its GEMV arithmetic, not separated), not from h;
   * the whole block (`Int4Experts` with the kernels on) against the reference block output.
 """
 from __future__ import annotations
@@ -44,7 +46,8 @@ def localise(model, windows: torch.Tensor, prompt: int) -> list[dict]:
     windows int64 [W, P + S + 1] (`gate.decode_windows`). Row keys: "window", "step", "layer", "h_differ"
     (bf16 values of gate_up's output that differ), "h_ulps", "h_values", "codes_differ" (int8 codes of the down
     projection's input that differ, each side from its own h, the kernel side emulated in torch), "scales_differ"
-    (their float32 activation scales, likewise), "down_differ" (down's bf16 outputs from the same h),
+    (their float32 activation scales, likewise), "down_differ" (down's bf16 outputs from the same h, prologue
+    included),
     "block_differ" (the whole experts block's outputs), "block_values".
     """
     exps = [m for m in model.modules() if isinstance(m, Int4Experts)]
