@@ -17,8 +17,9 @@ Arms:
           the engines' own elementwise functions, not separated);
   rtn/gptq the quantised model (W4A8: activations quantised per 32 to int8, float32 scale, each
           projection's output and the MoE block's combined output rounded to bf16) vs its Q4_0 GGUF
-          (llama.cpp's CPU path quantises activations to Q8_0 per 32 with an fp16 scale and keeps the
-          projection outputs and the expert combine in float32).
+          (llama.cpp's CPU path quantises activations to Q8_0 per 32 with an fp16 scale, keeps the
+          projection outputs and the expert combine in float32, and sums each block's int8 x int4 products
+          exactly in integers before scaling them; the kernels are those the build was compiled for).
 For each arm: both perplexities, the relative difference with a paired bootstrap CI over documents,
 the |delta log-prob| of the scored tokens (max, mean) and the top-1 agreement of the two engines.
 """
@@ -283,9 +284,11 @@ def llamacpp_numerics(activations: str = "q8_0", outputs: str = "fp32"):
 
     activations "q8_0": `q8_0_activations` (ggml's x86 rule: fp16 scale); "ours": `quant_x_rows_ref` (float32
     scale). outputs "fp32": each projection's output and the expert combine stay float32, as ggml's are; "bf16":
-    each rounded to bf16 as our kernels do. ("q8_0", "fp32") is llama.cpp's side; ("ours", "bf16") computes what
-    our model computes without the context, bit for bit (tests/lab/test_llamacpp.py); the two mixed ones change one
-    half at a time (which changes close the gap; mean |delta log p| does not split it into shares).
+    each rounded to bf16 as our kernels do. ("q8_0", "fp32") is llama.cpp's side in these two respects only: the
+    matmuls still multiply dequantised values in float32 (ggml sums each block's integer products exactly, then
+    scales), in torch's summation order, not ggml's; ("ours", "bf16") computes what our model computes without the
+    context, bit for bit (tests/lab/test_llamacpp.py); the two mixed ones change one half at a time (which changes
+    close the gap; mean |delta log p| does not split it into shares).
     """
     from int4lab import quantize as qz
     if activations not in NUMERICS_ACTIVATIONS or outputs not in NUMERICS_OUTPUTS:
