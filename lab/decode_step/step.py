@@ -9,7 +9,10 @@ Shape legend: B = batch (sequences), C = context (KV positions the static cache 
     time_eager(stepper)         host wall time per step in the mode `generate` runs in (the host launches every
                                 op; `generate`'s own per-step work is not included, so likely below what it pays)
     time_graphed(stepper)       the step captured once in a CUDA graph and replayed: CUDA-event time per step
-    compiled_layers(model)      every decoder layer torch.compile'd (inductor; one compile serves all layers)
+    compiled_layers(model)      every decoder layer torch.compile'd (inductor), each compiled on its first call
+                                (dynamo takes a module's integer attributes as static, and each layer's attention
+                                passes its own layer_idx to the cache, so layers need not share a compile; the
+                                number of compiles is not recorded)
     greedy(model, prompt, n)    n greedy tokens after a prefill, eager or replayed from one graph
 
 Positions: the cache holds C positions; transformers' attention over a static cache reads the whole buffer (the
@@ -157,6 +160,7 @@ def compiled_layers(model, backend: str = "inductor"):
     """Inside this block every decoder layer runs torch.compile'd (`backend`, static shapes); restored on exit."""
     import torch._dynamo
     from int4lab.quantize import decoder_layers
+    # room for a compile per layer: the layers share one forward code object, and dynamo guards on each layer_idx
     torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
     layers = list(decoder_layers(model))
     for lay in layers:
