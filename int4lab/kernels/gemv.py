@@ -114,9 +114,10 @@ def int4_linear(x, packed, scales, act="int8", out=None, *, plan=None):
     """Dense int4-b32 linear layer (E = 1): x [..., K] bf16/fp16/fp32 -> bf16 [..., N].
 
     act="int8": W4A8 in one launch, x quantised per 32-block inside the GEMV to the codes of
-    quant_x_rows (gemv_int4_b32's numerics). act="bf16": W4A16, weights decoded to float32 in registers,
-    float32 accumulation, x unquantised. packed uint8 [N, K/2] or [1, N, K/2], scales float16 [N, K/32]
-    or [1, N, K/32]. `plan` (a GemvPlan) overrides the launch plan of the W4A8 path.
+    quant_x_rows (gemv_int4_b32's roundings; the dense kernel folds the block sums with tl.sum, the routed one
+    in fold_blocks' order, so the two may differ in the last bf16 bit). act="bf16": W4A16, weights decoded to
+    float32 in registers, float32 accumulation, x unquantised. packed uint8 [N, K/2] or [1, N, K/2], scales
+    float16 [N, K/32] or [1, N, K/32]. `plan` (a GemvPlan) overrides the launch plan of the W4A8 path.
     """
     x2, packed, scales, N, K, dev = check_linear(x, packed, scales, act, out)
     check_x_range(x2, scales, K)

@@ -10,13 +10,14 @@ for bit, to the reference rounded to bf16 (what an exact kernel with one final r
 float64 for the GEMV cases (`bf16_once`); for the MoE steps from moe_decode_ref's float32 output.
 
 The one-launch checks compare a kernel with its own two-launch decomposition, bit for bit: x quantised
-inside the GEMV against quant_x_rows then the GEMV on codes (`fused_quant_case`), the last-arriving
+inside the dense GEMV against quant_x_rows then the same dense GEMV on codes (`fused_quant_case`), the last-arriving
 split-K finish against reduce_partials of the same slots (`split_finish_case`), and the down GEMV's fused
 router-weighted combine against combine_rows (`fused_combine_case`).
 """
 from __future__ import annotations
 
 import dataclasses
+from contextlib import contextmanager
 
 import torch
 
@@ -25,7 +26,7 @@ from unittest import mock
 from int4lab.format import X_QMAX, _blocks, dequant_int4_ref, pack_int4_b32, quant_x_rows_ref, true_div
 from int4lab.kernels import launch as _launch
 from int4lab.kernels import plan as _plan
-from int4lab.kernels.gemv import X_SWIGLU, gemv_int4_b32, int4_linear
+from int4lab.kernels.gemv import X_CODES, X_SWIGLU, gemv_int4_b32, int4_linear
 from int4lab.kernels.launch import launch_gemv
 from int4lab.kernels.grouped import build_group_tiles, gemm_int4_b32_grouped
 from int4lab.kernels.moe import combine_rows, moe_decode_grouped, moe_decode_ref, moe_decode_routed
@@ -155,17 +156,20 @@ def quant_x_rows_floor_ref(x):
 
 
 def fused_quant_case(R, N, K, device, split_k=1):
-    """int4_linear(act="int8") (x quantised inside the GEMV, one launch) against quant_x_rows followed by
-    the GEMV on codes (two launches), same plan: bf16 ulps apart."""
+    """int4_linear(act="int8") (x quantised inside the GEMV, one launch) against quant_x_rows followed by the
+    same dense GEMV on the codes (two launches; no expert ids, so the same tl.sum fold of the block columns), same
+    plan: "ulps" apart, where only the place of the quantiser differs. "ulps_routed": against gemv_int4_b32 on
+    expert 0, whose routed kernel folds the block columns with epilogue.fold_blocks, another float32 order."""
     p, s = (t.to(device) for t in pack_int4_b32(torch.randn(N, K) * 0.1))
     x = torch.randn(R, K).bfloat16().to(device)
     plan = _plan.gemv_plan(N, K, R, device, split_k)
     one = int4_linear(x, p, s, act="int8", plan=plan)
     xq, xs = quant_x_rows(x)
-    two = gemv_int4_b32(xq, xs, p[None], s[None], torch.zeros(R, dtype=torch.int32, device=device), N, K,
-                        plan=plan)
+    two = launch_gemv(xq, xs, p, s, None, N, K, R, x_mode=X_CODES, plan=plan)
+    routed = gemv_int4_b32(xq, xs, p[None], s[None], torch.zeros(R, dtype=torch.int32, device=device), N, K,
+                           plan=plan)
     return {"shape": f"R{R} {N}x{K} split_k={plan.split_k}", "ulps": ulps_apart(one, two),
-            "counters_zero": counters_zero()}
+            "ulps_routed": ulps_apart(one, routed), "counters_zero": counters_zero()}
 
 
 def split_finish_case(R, N, K, E, split_ks, device, repeats=2):
@@ -201,27 +205,79 @@ def fused_combine_case(T, A, N, K, E, device, split_k=1):
             "counters_zero": counters_zero()}
 
 
-def plan_on(generation: str, sms: int, N: int, K: int, R: int) -> _plan.GemvPlan:
-    """gemv_plan's choice for a GPU generation and SM count, computed on any machine (no GPU needed).
-
-    plan.py is hashed into every GPU receipt (lab.provenance.kernel_sources_hash), so this reuses its functions
-    with the device queries answered, instead of editing that file."""
+@contextmanager
+def _on(generation: str, sms: int):
+    """Inside it, plan.py answers its device queries as `generation` with `sms` SMs. plan.py is hashed into every
+    GPU receipt (lab.provenance.kernel_sources_hash), so its functions are reused with the queries answered,
+    instead of editing that file."""
     with mock.patch.object(_plan, "generation", lambda _: generation), \
             mock.patch.object(_plan, "num_sms", lambda _: sms):
+        yield
+
+
+def plan_on(generation: str, sms: int, N: int, K: int, R: int) -> _plan.GemvPlan:
+    """gemv_plan's choice for a GPU generation and SM count, computed on any machine (no GPU needed; `_on`)."""
+    with _on(generation, sms):
         return _plan.gemv_plan(N, K, R, "cpu")
+
+
+def moe_step_on(generation: str, sms: int, tokens: int, top_k: int, experts: int, H: int, I: int) -> dict:
+    """What the modules' MoE entry (int4lab.kernels.ops.moe) prepares for one step on a GPU generation and SM
+    count, computed on any machine with shape-only (meta) tensors: {"path": "routed" or "grouped", "plans": the
+    (gate_up, down) GroupedPlans of the grouped path (None on the routed one), "refused": the ValueError message
+    with which the entry refuses the step before any launch, else None}. moe_decode_step's grouped path
+    (moe_decode_grouped) builds one set of tiles at gate_up's block_m, so where the two plans' block_m differ it
+    runs gate_up and then raises at the down GEMM (`moe_grouped_with`)."""
+    from int4lab.kernels import ops
+    if H % 32 or I % 32:
+        raise ValueError(f"H and I must be multiples of 32 (the format's block), got H = {H}, I = {I}")
+    T, A, E = tokens, top_k, experts
+
+    def meta(*shape, dtype=torch.float32):
+        return torch.empty(*shape, dtype=dtype, device="meta")
+    args = (meta(T, H, dtype=torch.bfloat16), meta(T, A, dtype=torch.int32), meta(T, A),
+            meta(E, 2 * I, H // 2, dtype=torch.uint8), meta(E, 2 * I, H // 32, dtype=torch.float16),
+            meta(E, H, I // 2, dtype=torch.uint8), meta(E, H, I // 32, dtype=torch.float16))
+    with _on(generation, sms):
+        grouped = _plan.moe_grouped(T, A, E, "meta", H * I)
+        plans = tuple(_plan.grouped_plan(n, k, T * A, E, "meta") for n, k in ((2 * I, H), (H, I))) if grouped else None
+        try:
+            ops._prepare_moe(*args)
+            refused = None
+        except ValueError as e:
+            if "must share block_m" not in str(e):
+                raise
+            refused = str(e)
+    return {"path": "grouped" if grouped else "routed", "plans": plans, "refused": refused}
 
 
 def moe_path_on(generation: str, sms: int, tokens: int, top_k: int, experts: int, H: int, I: int) -> str:
     """The kernels moe_decode_step picks for one step on a GPU generation and SM count, computed on any machine
-    (as plan_on): "routed" (the dp4a GEMVs) or "grouped " + the grouped plans' kind ("dp4a" or "mma"; gate_up's
-    and down's, joined by "/" where they differ)."""
-    with mock.patch.object(_plan, "generation", lambda _: generation), \
-            mock.patch.object(_plan, "num_sms", lambda _: sms):
-        if not _plan.moe_grouped(tokens, top_k, experts, "cpu", H * I):
-            return "routed"
-        L = tokens * top_k
-        kinds = dict.fromkeys(_plan.grouped_plan(n, k, L, experts, "cpu").kind for n, k in ((2 * I, H), (H, I)))
-        return "grouped " + "/".join(kinds)
+    (moe_step_on): "routed" (the dp4a GEMVs), "grouped " + the grouped plans' kind ("dp4a" or "mma"), or
+    "refused (block_m a/b)" where gate_up's and down's plans have different tile heights (a and b): a step the
+    library refuses."""
+    m = moe_step_on(generation, sms, tokens, top_k, experts, H, I)
+    if m["path"] == "routed":
+        return "routed"
+    gu, dn = m["plans"]
+    if m["refused"]:
+        return f"refused (block_m {gu.block_m}/{dn.block_m})"
+    return "grouped " + "/".join(dict.fromkeys((gu.kind, dn.kind)))
+
+
+def moe_grouped_with(plans, device, E=4, H=64, I=64, T=4, A=2):
+    """moe_decode_grouped on a small random step with the (gate_up, down) plan pair `plans`: None when it runs, else
+    the ValueError message with which it stops."""
+    gp, gs = (t.to(device) for t in pack_int4_b32(torch.randn(E, 2 * I, H) * 0.1))
+    dp, ds = (t.to(device) for t in pack_int4_b32(torch.randn(E, H, I) * 0.1))
+    x = torch.randn(T, H).bfloat16().to(device)
+    ids = torch.stack([torch.randperm(E)[:A] for _ in range(T)]).int().to(device)
+    tw = torch.softmax(torch.randn(T, A), -1).to(device)
+    try:
+        moe_decode_grouped(x, ids, tw, gp, gs, dp, ds, plan=tuple(plans))
+        return None
+    except ValueError as e:
+        return str(e)
 
 
 def excerpt(fn, first: str, last: str | None = None) -> str:

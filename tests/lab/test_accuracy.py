@@ -30,11 +30,17 @@ def test_moe_path_on_sm90_follows_the_mean_rows_and_the_experts_size():
     # OLMoE: 2 mean rows from 16 tokens, and small experts go straight to the tensor-core tile
     assert [accuracy.moe_path_on("sm90", 132, t, olmoe[1], olmoe[0], *olmoe[2:]) for t in (8, 16)] == [
         "routed", "grouped mma"]
-    # the 32 Mi row applies to each grouped GEMM's N x K, and gate_up holds 2 H I weights: experts of 16 Mi to 32 Mi
-    # weights per projection run gate_up on dp4a and down on the tensor-core kernel from 2 to 4 mean rows
-    for I in (4095, 4096, 8191, 8192):
-        assert [accuracy.moe_path_on("sm90", 132, t, 2, 8, 4096, I) for t in (8, 16)] == [
-            {4095: "grouped mma", 8192: "grouped dp4a"}.get(I, "grouped dp4a/mma"), "grouped mma"]
+    # the 32 Mi row applies to each grouped GEMM's N x K, and gate_up holds 2 H I weights: for experts of 16 Mi to
+    # 32 Mi weights per projection the two plans differ in block_m from 2 to 8 mean rows, and the step is refused
+    for I in (4064, 4096, 8160, 8192):
+        assert [accuracy.moe_path_on("sm90", 132, t, 2, 8, 4096, I) for t in (4, 8, 16, 24, 32)] == [
+            "routed", *{4064: ["grouped mma"] * 3, 8192: ["grouped dp4a"] + ["grouped mma"] * 2}.get(
+                I, ["refused (block_m 1/8)", "refused (block_m 16/8)", "refused (block_m 16/8)"]), "grouped mma"]
+    step = accuracy.moe_step_on("sm90", 132, 8, 2, 8, 4096, 6144)
+    assert "must share block_m" in step["refused"] and [p.block_m for p in step["plans"]] == [1, 8]
+    assert accuracy.moe_step_on("sm90", 132, 32, 2, 8, 4096, 6144)["refused"] is None
+    with pytest.raises(ValueError, match="multiples of 32"):
+        accuracy.moe_step_on("sm90", 132, 8, 2, 8, 4096, 4095)
     assert accuracy.moe_path_on("interp", 4, 1, 2, 4, 64, 128) == "routed"
     assert accuracy.moe_path_on("interp", 4, 4, 2, 4, 64, 128) == "grouped dp4a"   # the interpreter's grouped row
     assert plan_mod.generation("cpu") == "interp"
@@ -61,6 +67,12 @@ def test_grouped_case_leaves_a_middle_expert_without_rows():
     assert row["empty_experts"] >= 1 and row["unwritten"] == 0 and row["rel_err"] <= accuracy.TOLERANCE
     with pytest.raises(ValueError, match="E must be"):
         accuracy.grouped_case(4, 8, 64, 1, "cpu")
+
+
+def test_moe_grouped_with_plans_of_two_tile_heights_stops_at_down():
+    gu, dn = accuracy.moe_step_on("sm90", 132, 8, 2, 8, 4096, 6144)["plans"]       # dp4a block_m 1, mma block_m 8
+    assert accuracy.moe_grouped_with((gu, dn), "cpu") == "plan.block_m (8) must equal tiles.block_m (1)"
+    assert accuracy.moe_grouped_with((gu, gu), "cpu") is None
 
 
 def test_grouped_case_runs_the_tensor_core_kernel():
@@ -100,3 +112,11 @@ def test_bf16_once_rounds_float64_once_where_torch_rounds_twice():
     y = torch.randn(10_000, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-8, 8, (10_000,), generator=g)
     once, lo = accuracy.bf16_once(y), y.float().bfloat16()
     assert (once.double() - y).abs().le((lo.double() - y).abs()).all()      # never farther than torch's cast
+
+
+def test_fused_quant_case_compares_the_one_launch_gemv_with_the_same_fold():
+    # the dense two-launch path folds the block columns as the one-launch GEMV does: the same bits on any draw
+    # in the interpreter; the routed gemv_int4_b32 folds them in another order
+    c = accuracy.fused_quant_case(2, 16, 512, "cpu")
+    assert c["ulps"] == 0 and c["counters_zero"] and c["shape"] == "R2 16x512 split_k=1"
+    assert isinstance(c["ulps_routed"], int)
