@@ -512,8 +512,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lab.llamacpp", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="mixtral | olmoe | qwen3_moe | a checkpoint directory (its GGUF "
-                    "files carry its own tokenizer.json if it has one, else this repository's vocabulary; either way "
-                    "the token count must equal config.json's vocab_size)")
+                    "files carry its own tokenizer.json if it has one; one with only tokenizer.model or vocab.json "
+                    "gets this repository's vocabulary; one with no tokenizer is refused; the token count must equal "
+                    "config.json's vocab_size)")
     ap.add_argument("--scheme", nargs="+", default=["rtn", "gptq"], choices=["rtn", "gptq"])
     ap.add_argument("--targets", default="experts", choices=["experts", "experts+attn"])
     ap.add_argument("--window", type=int, default=WINDOW)
