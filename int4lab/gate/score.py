@@ -28,7 +28,7 @@ from .texts import Windows
 STAT_BYTES = 256 << 20          # float32 scratch of one statistics chunk (4 tensors of [c, V])
 # Rows per decoded int4 weight from which an arm's scoring forward takes the prefill path (tensor cores) instead
 # of the decode kernels: the rows sweep of data/receipts/prefill_h100.json suggests 512 on an H100, where the
-# path ran at 0.91x bf16's tokens/s against 0.29x for the decode kernels. Only CUDA runs it (on a CPU the
+# path ran at about 0.90x bf16's tokens/s (OLMoE) against 0.29x for the decode kernels. Only CUDA runs it (on a CPU the
 # int4 modules take the torch reference path whatever the setting). None: scoring through the decode kernels.
 SCORE_PREFILL_ROWS = 512
 
