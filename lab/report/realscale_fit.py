@@ -114,6 +114,17 @@ def swept_text(arch: str, depths: dict) -> str:
               "the sweeps' times hold for that share under the synthetic checkpoint's routing, not for all experts.")
 
 
+def _ticket_cost(g: dict) -> str:
+    """A ticket's build against round-to-nearest's, per arm (`build_s_by_kind` over `arms_by_kind`: the source copy
+    and the pack, synchronised); "" where the receipt lacks either kind."""
+    b, n = g.get("build_s_by_kind") or {}, g.get("arms_by_kind") or {}
+    if not (b.get("lottery") and b.get("rtn") and n.get("lottery") and n.get("rtn")):
+        return ""
+    t, r = b["lottery"] / n["lottery"], b["rtn"] / n["rtn"]
+    return (f"; a ticket's build (source copy and pack) {t:.3f} s per arm against round-to-nearest's {r:.3f} s "
+            f"({t / r:.2f}×)")
+
+
 def full_text(arch: str, a: dict, r: dict) -> str:
     """The targets of a full-depth run (`--full`), from its receipt: the gate's time against the architecture's
     target, the time outside the forwards and GPTQ's column sweeps against the forwards' own time, the tickets
@@ -135,6 +146,7 @@ def full_text(arch: str, a: dict, r: dict) -> str:
               f"{f['gate_s']:.0f} − {fw:.0f} − {sweeps:.0f} = {outside:.0f} s against the forwards' own {fw:.0f} s: "
               f"{'met' if outside <= fw else 'missed'}"
             + (f"; {tickets:g} lottery tickets per round-to-nearest arm" if tickets else "")
+            + _ticket_cost(g)
             + f". The receipt's gate / forwards, sweeps and building included, is {f['gate_over_forwards']:.2f} "
               f"(`TARGET_RATIO` {ratio_t} in `lab/realscale_gate.py`: "
               f"{'met' if f['gate_over_forwards'] <= ratio_t else 'missed'})." + swept_text(arch, a["depths"]))

@@ -49,6 +49,7 @@ def test_calibration_tokens_that_reach_every_expert():
 
 def test_full_depth_targets_line():
     g = {"timing": {"forward_s": 100.0, "calibration_forward_s": 20.0}, "settings": {"calib_tokens": 16384},
+         "build_s_by_kind": {"rtn": 1.0, "lottery": 19.2}, "arms_by_kind": {"rtn": 2, "lottery": 32},
          "table": ["gptq PASS (GPTQ→RTN fallback: 700 of 1024 experts)"]}
     a = {"full": {"gate_s": 300.0, "phases": {"gptq_sweep_s": 80.0}, "arms": {"rtn": 2, "lottery": 32, "gptq": 6},
                   "gate_over_forwards": 2.5}, "depths": {"16": {"gate": g}}}
@@ -57,3 +58,4 @@ def test_full_depth_targets_line():
     assert "the gate 300 s against ≤ 600 s: met" in t and "300 − 120 − 80 = 100 s against the forwards' own 120 s: met" in t
     assert "16 lottery tickets per round-to-nearest arm" in t and "is 2.50 (`TARGET_RATIO` 1.5" in t and "missed" in t
     assert "324 of 1024 experts (32 %)" in t
+    assert "a ticket's build (source copy and pack) 0.600 s per arm against round-to-nearest's 0.500 s (1.20×)" in t
