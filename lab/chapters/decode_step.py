@@ -181,10 +181,12 @@ def plot_bars(rec: dict, axes) -> None:
 
 def case_table(arch_rec: dict) -> list[dict]:
     """Per (batch, context): the summary's graphed-over-floor and int4-over-the-best-bf16 ratios. The summary's eager
-    fields are left out: they take the lowest eager bf16 per layer even where its slope's sample range reaches zero
-    (a negative or near-zero bf16 layer, and ratios from it); `eager_ratio` gives the eager ratios with the range
-    their samples allow, its fastest eager bf16 among slopes whose range lies above zero. The best bf16 is graphed
-    or compiled where the receipt compiled bf16 (batch 1, first context), graphed only elsewhere."""
+    fields are left out: `bf16_eager_*` is the eager bf16 row with the smallest extrapolated step and
+    `*_eager_over_best_bf16_eager` divides by the lowest eager bf16 per layer, neither checking that the slope's
+    sample range lies above zero (a negative or near-zero bf16 layer, and ratios from it); `*_eager_over_default_*`
+    divides by the default experts implementation's. `eager_ratio` gives the eager ratios with the range their
+    samples allow, its fastest eager bf16 among slopes whose range lies above zero. The best bf16 is graphed or
+    compiled where the receipt compiled bf16 (batch 1, first context), graphed only elsewhere."""
     out = []
     for key, s in arch_rec.get("summary", {}).items():
         out.append({"case": key, **{k: v for k, v in s.items() if not isinstance(v, dict) and "eager" not in k},

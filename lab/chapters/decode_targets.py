@@ -140,7 +140,9 @@ def earlier_runs(rec: dict, path: Path, names, commits=EARLIER) -> dict:
     """The rows `names` ("model state impl run B<b> C<c>", as `row_name` writes them) in the versions of this receipt
     at `commits` where card, torch and transformers match: {name: [(commit, row, kernel sources alike)]},
     one entry per version holding that row. "Kernel sources alike" compares `provenance.kernel_sources_sha256`: a
-    row measured at other kernel sources is not a second measurement of the int4 kernels measured here."""
+    row measured at other kernel sources is not a second measurement of the int4 kernels measured here. That hash is
+    the receipt's last call's; a call merged before it with `--prior` records none, so for a row that call measured
+    the comparison assumes both calls ran at the same kernel sources."""
     out = {n: [] for n in names}
     for commit in commits:
         old = _comparable(rec, path, commit)
@@ -242,8 +244,9 @@ def targets(rec: dict) -> list[dict]:
 def replicated(rec: dict, path: Path, commit: str = REPLACED) -> tuple[dict, bool]:
     """Targets measured again in the version at `commit` where card, torch and transformers match: ({(model,
     target): that version's value} for each target with a value and a bound whose rows ("model state impl run
-    B<b> C<c>") are the same in both, whether the two versions' kernel sources hash alike). ({}, False) without
-    that version."""
+    B<b> C<c>") are the same in both, whether the two versions' kernel sources hash alike). The hashes are each
+    receipt's `provenance`, its last call's; a call merged before it with `--prior` records none, so "alike" does not
+    cover that call's rows. ({}, False) without that version."""
     old = _comparable(rec, path, commit)
     if old is None:
         return {}, False

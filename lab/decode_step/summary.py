@@ -14,10 +14,12 @@ def summarise(rec: dict) -> dict:
     """Per (batch, context): each state's best graphed layer against its floor, int4 against the best bf16 at
     the published depth, eager int4 against eager bf16 (the default experts implementation and the best).
 
-    The eager fields take the eager row with the smallest step and divide by the smallest eager bf16 per layer
-    without checking that the slope's sample range lies above zero: where an eager bf16 slope's samples allow zero
-    or less, `bf16_eager_*` and `*_eager_over_best_bf16_eager` come from that undecided slope (a negative or
-    near-zero layer and ratios from it). Chapter 07 does not read them; its `eager_ratio` picks among decided slopes."""
+    The eager fields take each state's eager row with the smallest extrapolated step (`bf16_eager_*` too);
+    `*_eager_over_best_bf16_eager` divides by the smallest eager bf16 per layer and `*_eager_over_default_bf16_eager`
+    by the default experts implementation's, none checking that the slope's sample range lies above zero: where an
+    eager bf16 slope's samples allow zero or less, `bf16_eager_*` and `*_eager_over_best_bf16_eager` can come from
+    that undecided slope (a negative or near-zero layer and ratios from it). Chapter 07 does not read them; its
+    `eager_ratio` picks among decided slopes."""
     out = {}
     rows = [r for r in rec["rows"] if "per_layer_us" in r]
     for key in sorted({(r["batch"], r["context"]) for r in rows}):
