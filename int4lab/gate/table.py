@@ -23,7 +23,9 @@ def fallback_note(arm: dict) -> str:
 
 def rows(payload: dict) -> list[dict]:
     """One dict per (arm, text) of a gate payload/receipt: the source and the floor first, then every arm with
-    its figures on the held-out documents (where its verdict is read) and its all-document perplexity."""
+    its figures on the held-out documents (where its verdict is read) and its all-document perplexity. The source
+    row's tokens are all documents'; the floor row's figures are over its own subset (every floor_stride-th
+    document of the whole text, both halves), not held-out, whatever the printed column headers say."""
     out = []
     for t, info in payload["texts"].items():
         out.append({"arm": "source", "text": t, "tokens": info["tokens"], "ppl": info["source_ppl"], "delta": None,

@@ -295,7 +295,8 @@ def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
         + ("" if rec.get("method", {}).get("complete", True) else
            " **Partial run**: the harness stopped before its schedule was done."),
         "**Batch-1 GEMV, µs**\n\n" + gemv_table(rec, anchors),
-        "**MoE layer (gate_up, SwiGLU, down, weighted combine), µs**\n\n" + moe_table(rec, anchors),
+        "**MoE layer (gate_up, SwiGLU, down, weighted combine; the llama.cpp columns are sums of its MUL_MAT_ID ops, "
+        "not its layer: †, ‡), µs**\n\n" + moe_table(rec, anchors),
         peer_table.render(rec),          # every implementation over its own read floor (lab/bench/peer_table.py)
         f"**Targets: {n_pass} of {len(checks)} met, {n_open} undecided, {n_none} not measured**"
         + (f" (undecided: met or missed by less than {100 * spread:.1f} %, the 90th percentile of how far the same "
