@@ -216,7 +216,7 @@ def targets(rec: dict) -> list[dict]:
                 # the fastest transformers bf16 measured needs its compiled run: where the receipt has none the
                 # target is undecided, and the verdict against graphed bf16 is a lower bar, given as a target of its own
                 out.append(_target(arch, "tokens", key, f"int4 tokens/s >= 3x {BF16_FASTEST}", v, 3.0, what,
-                                   verdict if compiled else (None, "compiled bf16 was not measured in this receipt"),
+                                   verdict if compiled else (None, "compiled bf16 not measured at this batch and context"),
                                    rows=rows))
                 if not compiled:
                     out.append(_target(arch, "tokens_graphed", key, "int4 tokens/s >= 3x bf16 graphed (none "
