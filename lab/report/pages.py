@@ -350,7 +350,7 @@ def decode_step_table(receipts=RECEIPTS) -> str:
                 + eager_bf16_text(r) + ". " + compiled_bf16_text(r) + " A batch of 16 is 16 "
                 "identical sequences "
                 "(every row starts from the same token over the "
-                "same cache): it reads batch 1's experts, so its rows are not batched decoding of distinct sequences. "
+                "same cache): it reads as many distinct experts as batch 1 (which ones is not recorded), so its rows are not batched decoding of distinct sequences. "
                 f"`{path.name}`: {_prov(r)}.")
     return "\n\n".join(out)
 
