@@ -16,7 +16,8 @@ Arms:
           llama.cpp's KV cache set to F32 too, so only float32 rounding differs: summation order and
           the engines' own elementwise functions, not separated);
   rtn/gptq the quantised model (W4A8: activations quantised per 32 to int8, float32 scale, each
-          projection's output and the MoE block's combined output rounded to bf16) vs its Q4_0 GGUF
+          quantised projection's output, in these expert-only arms the experts' gate/up and down, and the MoE
+          block's combined output rounded to bf16; attention stays float32) vs its Q4_0 GGUF
           (llama.cpp's CPU path quantises activations to Q8_0 per 32 with an fp16 scale, keeps the
           projection outputs and the expert combine in float32, and sums each block's int8 x int4 products
           exactly in integers before scaling them; the kernels are those the build was compiled for).
@@ -283,7 +284,7 @@ def llamacpp_numerics(activations: str = "q8_0", outputs: str = "fp32"):
     untouched; CPU reference path only.
 
     activations "q8_0": `q8_0_activations` (ggml's x86 rule: fp16 scale); "ours": `quant_x_rows_ref` (float32
-    scale). outputs "fp32": each projection's output and the expert combine stay float32, as ggml's are; "bf16":
+    scale). outputs "fp32": each quantised projection's output and the expert combine stay float32, as ggml's are; "bf16":
     each rounded to bf16 as our kernels do. ("q8_0", "fp32") is llama.cpp's side in these two respects only: the
     matmuls still multiply dequantised values in float32 (ggml sums each block's integer products exactly, then
     scales), in torch's summation order, not ggml's; ("ours", "bf16") computes what our model computes without the

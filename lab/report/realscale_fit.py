@@ -59,7 +59,11 @@ def gptq_text(arch: str, ex: dict, depths: dict, card_bytes, fitted, gb) -> str:
         cap, peak = ex.get("device_map_cap") or {}, (f.get("gpu_peak_bytes") or {}).get("full_depth")
         # a placement the measured depths did not have (layers or arms past the GPU's share) leaves it open
         moved = cap.get("source_exceeds_cap") or (cap and peak and card_bytes and peak > card_bytes)
+        # a part of the total the line does not describe leaves the total's verdict open, however straight it looks
+        off = [k for k in ("gptq_sweep_default_s", "gptq_forward_default_s") if k in f and fitted(f, k) == "undecided"]
         verdict = ("" if not t.get("target") else f" (target ≤ {t['target']:.0f} s: undecided)" if v == "undecided"
+                   else f" (target ≤ {t['target']:.0f} s: undecided, the line does not describe its part "
+                        + ", ".join(f"`{k}`" for k in off) + ")" if off
                    else f" (target ≤ {t['target']:.0f} s: "
                         + ("met at the measured depths' placement, undecided at full depth, whose placement no run "
                            "measured: below)" if moved and d["full_depth"] <= t["target"] else
