@@ -65,8 +65,8 @@ def gptq_text(arch: str, ex: dict, depths: dict, card_bytes, fitted, gb) -> str:
                    else f" (target ≤ {t['target']:.0f} s: undecided, the line does not describe its part "
                         + ", ".join(f"`{k}`" for k in off) + ")" if off
                    else f" (target ≤ {t['target']:.0f} s: "
-                        + ("met at the measured depths' placement, undecided at full depth, whose placement no run "
-                           "measured: below)" if moved and d["full_depth"] <= t["target"] else
+                        + ("undecided: the fit holds for the measured depths' placement, which a full-depth run cannot "
+                           "keep: below)" if moved and d["full_depth"] <= t["target"] else
                            f"{'met' if d['full_depth'] <= t['target'] else 'missed'})"))
         whole = (f"The README's command at its defaults (every ticket and draw, every document), each depth's parts "
                  f"scaled by `lab.realscale_predict` and fitted to {n} layers: **{v}**{verdict} (points by depth: "

@@ -34,7 +34,7 @@ def test_the_line_prints_each_fit_with_its_own_points():
     assert "reaches 186.3 GiB against the card's 79.2 GiB" in text and "17 of 128 experts (13 %) at 1 layer" in text
     assert "no host offload" not in gptq_text("qwen3_moe", ex, _depths("cpu"), 8.5e10, lambda f, k, *a: "x", str)
     # the README-defaults total leads, its target open where the full depth's placement passes the card
-    assert text.startswith("The README's command at its defaults") and "undecided at full depth" in text
+    assert text.startswith("The README's command at its defaults") and "which a full-depth run cannot keep" in text
     assert "With 16,384 calibration tokens per draw" in text and "from 32,768 calibration tokens per draw" in text
     ex["fits"]["gpu_peak_bytes"]["full_depth"] = 1e10
     assert "(target ≤ 3600 s: met)" in gptq_text("qwen3_moe", ex, _depths(), 8.5e10,
