@@ -21,7 +21,10 @@
 #            the timeout); the allocator's retries are logged
 #   gate_fit the README's gate command on synthetic Qwen3-30B-A3B and Mixtral-8x7B at 1, 2 and 3 layers, one card
 #            plus the host (--device-map auto --max-memory), quick settings taken to the defaults and fitted to full
-#            depth (FIT_ARCHS, FIT_S caps each architecture, FIT_LAYERS, FIT_ARGS, FIT_MEMORY override)
+#            depth (FIT_ARCHS, FIT_S caps each architecture, FIT_LAYERS, FIT_ARGS, FIT_MEMORY override; FIT_TAG is
+#            added to the receipt's name, e.g. _calib65536 for a run whose FIT_ARGS change the calibration size)
+#   pack     a lottery ticket's pack (dithered round-to-nearest) against round-to-nearest's on the GPU, at each
+#            architecture's expert shapes, many repeats (lab.bench.pack; pack_<card>.json)
 #   peers    the bench again with the peers built outside the repository: Marlin (a peer row) and llama.cpp's
 #            CUDA backend (ggml test-backend-ops perf, merged into the receipt); runs .peers/run.sh, which builds
 #            both from source carried in .peers/ (git-ignored), or skips when .peers/ is absent. Writes
@@ -32,7 +35,7 @@
 # sanitizer_<card>.txt, decode_<card>.json, decode_step_<card>.json, decode_step_qwen2_moe_<card>.json,
 # realscale_gate_olmoe_<card>.json,
 # realscale_gate_full_olmoe_<card>.json (and the gate's whole output, .gate.txt), dither_cuda_<card>.txt, realscale_gate_qwen3_moe_<card>.json,
-# realscale_gate_mixtral_<card>.json, prefill_<card>.json. Carried wheels in .whl/ (git-ignored) are installed
+# realscale_gate_mixtral_<card>.json, prefill_<card>.json, pack_<card>.json. Carried wheels in .whl/ (git-ignored) are installed
 # first: transformers (the pinned version; the image's is older) and GemLite (a peer column of the bench).
 set -uo pipefail
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -140,8 +143,13 @@ if has gate_fit; then
     timeout ${FIT_S:-260} python3 -m lab.realscale_gate --arch $arch --layers ${FIT_LAYERS:-1 2 3} --device-map auto \
       --max-memory ${FIT_MEMORY:-0=70GiB cpu=100GiB} --workdir /dev/shm/rsg_fit --deadline $(( ${FIT_S:-260} - 15 )) \
       --gate-args="${FIT_ARGS:---max-docs 20 --lottery 1 --calib-draws 1 --no-floor}" \
-      --out "$OUT/realscale_gate_${arch}_$card.json" 2>&1 | grep --line-buffered -v "Writing model shards\|Loading weights" | tail -20
+      --out "$OUT/realscale_gate_${arch}${FIT_TAG:-}_$card.json" 2>&1 | grep --line-buffered -v "Writing model shards\|Loading weights" | tail -20
     rm -rf /dev/shm/rsg_fit
   done
+fi
+if has pack; then
+  stage "pack: a lottery ticket against round-to-nearest"
+  timeout ${PACK_S:-120} python3 -m lab.bench.pack --device cuda --impls rtn rtn_dithered --repeats ${PACK_REPEATS:-101} \
+    --shapes 14336x4096 4096x14336 2048x1024 1024x2048 768x2048 2048x768 --out "$OUT/pack_$card.json" 2>&1 | tail -14
 fi
 stage "done"

@@ -116,9 +116,9 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False     # GPTQ's updates in true fp32, as on the CPU
     shapes = args.shapes or DEFAULT_SHAPES[args.device]
     rows = bench_pack(shapes, args.device, args.impls, args.repeats)
-    for r in rows:
-        print(f"{r['N']:>6}x{r['K']:<6} {r['device']:>4} {r['impl']:>15}  {r['seconds']:8.3f} s "
-              f"(min {r['min_s']:.3f}, max {r['max_s']:.3f}; process CPU {r['cpu_seconds']:.3f} s)")
+    for r in rows:             # milliseconds to the microsecond: a pack on a GPU takes a few of them
+        print(f"{r['N']:>6}x{r['K']:<6} {r['device']:>4} {r['impl']:>15}  {1e3 * r['seconds']:10.3f} ms "
+              f"(min {1e3 * r['min_s']:.3f}, max {1e3 * r['max_s']:.3f}; process CPU {1e3 * r['cpu_seconds']:.3f} ms)")
     if not args.no_write:
         payload = {"config": {"shapes": [list(s) for s in shapes], "impls": args.impls, "repeats": args.repeats,
                               "seed": 0, "damp": 0.01, "blocksize": 128,
