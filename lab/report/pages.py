@@ -10,7 +10,7 @@ from lab.bench.schema import DEFAULT_OUT
 from lab.chapters.decode_step import eager_ratio, eager_text, slope_range     # chapter 07's rule for an eager slope
 from lab.paths import RECEIPTS
 from lab.provenance import portable_command
-from .realscale_fit import full_text, gptq_text
+from .realscale_fit import full_text, gptq_text, pack_text
 from .runlog import summary_text
 from .decode import END, START, _f, _line, read, reading, refuse_partial
 from .targets import misses_table, targets
@@ -235,6 +235,9 @@ def realscale_table(receipts=RECEIPTS) -> str:
                        f"{st['arch']} at the published width, {st['layers']} layers, {st['targets']}, tokens/s over "
                        f"bf16 with {st['experts_implementation']} experts): {rows}. Target ≥ "
                        f"{r['target']['prefill_over_bf16_min']}×: {'met' if r['target']['met'] else 'missed'}.")
+    for path in sorted(Path(receipts).glob("pack_*.json")):
+        with reading(path):
+            out.append(pack_text(path, read(path), _prov(read(path))))
     return "\n\n".join(out)
 
 

@@ -38,6 +38,20 @@ def _share(lo: int, hi: int, t: int) -> str:
     return f"{lo}-{hi} of {t} experts ({100 * lo / t:.0f}-{100 * hi / t:.0f} %)"
 
 
+def calib_tokens(depths: dict) -> tuple[int | None, bool]:
+    """(calibration tokens per draw the depths ran, whether that is the README command's default)."""
+    from int4lab.gate.cli import parser
+    gates = _gates(depths)
+    tokens = gates[0][1]["settings"].get("calib_tokens") if gates else None
+    return tokens, tokens == parser().get_default("calib_tokens")
+
+
+def command_text(depths: dict) -> str:
+    """How the fitted totals' command differs from the README's: "" at its defaults, else the calibration flag."""
+    tokens, default = calib_tokens(depths)
+    return "" if default or tokens is None else f" with `--calib-tokens {tokens}`"
+
+
 def _layers(L: str) -> str:
     return f"{L} layer{'' if L == '1' else 's'}"
 
@@ -68,10 +82,12 @@ def gptq_text(arch: str, ex: dict, depths: dict, card_bytes, fitted, gb) -> str:
                         + ("undecided: the fit holds for the measured depths' placement, which a full-depth run cannot "
                            "keep: below)" if moved and d["full_depth"] <= t["target"] else
                            f"{'met' if d['full_depth'] <= t['target'] else 'missed'})"))
-        whole = (f"The README's command at its defaults (every ticket and draw, every document), each depth's parts "
+        whole = (f"The README's command{command_text(depths)} at its defaults (every ticket and draw, every document), "
+                 f"each depth's parts "
                  f"scaled by `lab.realscale_predict` and fitted to {n} layers: **{v}**{verdict} (points by depth: "
                  f"{_points(d)}); the fitted row above is the quick settings the depths ran. ")
-    text = whole + (f"GPTQ at the README's defaults (every draw of both targets), each depth scaled by `lab.realscale_predict` "
+    text = whole + (f"GPTQ at the README's defaults{command_text(depths)} (every draw of both targets), each depth scaled "
+            f"by `lab.realscale_predict` "
             f"and fitted to {n} layers: column sweeps {fitted(f, 'gptq_sweep_default_s')} (points by depth: "
             f"{_points(f['gptq_sweep_default_s'])}), calibration forwards {fitted(f, 'gptq_forward_default_s')}"
             + (f" (points: {_points(f['gptq_forward_default_s'])})" if "gptq_forward_default_s" in f else "") + ".")
@@ -106,16 +122,35 @@ def swept_text(arch: str, depths: dict) -> str:
     swept = gptq_swept(depths)
     if not swept:
         return ""
-    g = _gates(depths)[0][1]
-    tokens = g["settings"].get("calib_tokens")
+    tokens, default = calib_tokens(depths)
     K, n = calib_need(arch)
     need = (f"; an expert needs `min_rows` = K = {K} routed rows, which even routing gives every expert from "
             f"{n:,} calibration tokens per draw, uneven routing only from more")
-    return (f" With {tokens:,} calibration tokens per draw (the README's default) GPTQ swept " + ", ".join(
-        f"{_share(lo, hi, t)} at {_layers(L)}" for L, (lo, hi, t) in swept.items())
-            + " (over the GPTQ arms whose rows the receipt's stored table holds)"
-            + f"; the rest fell back to round-to-nearest (fewer routed calibration rows than `min_rows`{need}), so "
-              "the sweeps' times hold for that share under the synthetic checkpoint's routing, not for all experts.")
+    head = (f" With {tokens:,} calibration tokens per draw ({'the README' if default else 'not the README'}'s default) "
+            "GPTQ swept " + ", ".join(f"{_share(lo, hi, t)} at {_layers(L)}" for L, (lo, hi, t) in swept.items())
+            + " (over the GPTQ arms whose rows the receipt's stored table holds)")
+    if all(lo == t for lo, _, t in swept.values()):
+        return head + ": every expert, so the sweeps' times are GPTQ's for all experts at this calibration size."
+    return head + (f"; the rest fell back to round-to-nearest (fewer routed calibration rows than `min_rows`{need}), so "
+                   "the sweeps' times hold for that share under the synthetic checkpoint's routing, not for all experts.")
+
+
+def pack_text(path, r: dict, prov: str) -> str:
+    """A lottery ticket's pack (dithered round-to-nearest) against round-to-nearest's, per shape, from a
+    `lab.bench.pack` receipt: medians of its repeats, the ratio of the medians against the ticket target (1.5x)."""
+    by = {}
+    for row in r["rows"]:
+        by.setdefault((row["N"], row["K"]), {})[row["impl"]] = row
+    cells = []
+    for (N, K), rows in by.items():
+        t, b = rows.get("rtn_dithered"), rows.get("rtn")
+        if t and b:
+            q = t["seconds"] / b["seconds"]
+            cells.append(f"{N}×{K}: {1e3 * t['seconds']:.3f} against {1e3 * b['seconds']:.3f} ms ({q:.2f}×, "
+                         f"{'met' if q <= 1.5 else 'missed'})")
+    return (f"A lottery ticket's pack against round-to-nearest's on the GPU (`data/receipts/{path.name}`, {prov}; "
+            f"median of {r['config']['repeats']} calls each, from weights on the device to packed bytes, target "
+            f"≤ 1.5×): " + "; ".join(cells) + ".")
 
 
 def _ticket_cost(g: dict) -> str:

@@ -1,5 +1,8 @@
 """The GPTQ line under a truncated-depth fit says where the depths' sources sat and what share GPTQ swept."""
-from lab.report.realscale_fit import all_on_gpu, calib_need, full_text, gptq_swept, gptq_text
+from pathlib import Path
+
+from lab.report.realscale_fit import (all_on_gpu, calib_need, command_text, full_text, gptq_swept, gptq_text,
+                                     pack_text, swept_text)
 
 
 def _depths(where="cuda"):
@@ -59,3 +62,23 @@ def test_full_depth_targets_line():
     assert "16 lottery tickets per round-to-nearest arm" in t and "is 2.50 (`TARGET_RATIO` 1.5" in t and "missed" in t
     assert "324 of 1024 experts (32 %)" in t
     assert "a ticket's build (source copy and pack) 0.600 s per arm against round-to-nearest's 0.500 s (1.20×)" in t
+
+
+def test_a_fit_at_another_calibration_size_says_so():
+    d = _depths()
+    for L in ("1", "2"):
+        d[L]["gate"]["settings"] = {"calib_tokens": 65536}
+        d[L]["gate"]["table"] = [f"gptq PASS (GPTQ→RTN fallback: 0 of {128 * int(L)} experts)"]
+    text = swept_text("qwen3_moe", d)
+    assert "65,536 calibration tokens per draw (not the README's default)" in text
+    assert "every expert, so the sweeps' times are GPTQ's for all experts" in text and "fell back" not in text
+    assert command_text(d) == " with `--calib-tokens 65536`" and command_text(_depths()) == ""
+
+
+def test_the_ticket_pack_line():
+    row = lambda impl, s: {"N": 14336, "K": 4096, "impl": impl, "seconds": s}     # noqa: E731
+    r = {"rows": [row("rtn", 0.002), row("rtn_dithered", 0.0026)], "config": {"repeats": 101}}
+    t = pack_text(Path("pack_h100.json"), r, "H100")
+    assert "14336×4096: 2.600 against 2.000 ms (1.30×, met)" in t and "median of 101 calls" in t
+    r["rows"][1]["seconds"] = 0.0031
+    assert "(1.55×, missed)" in pack_text(Path("pack_h100.json"), r, "H100")
