@@ -7,7 +7,8 @@ None of these is a format the kernels read. Each answers one "why this choice?" 
   * `q4_0_codes(w)`                 llama.cpp Q4_0's scale rule: d = (signed value of the largest |w|) / -8, so the
                                     largest weight lands on code -8 (a level amax/7 never uses); same bytes;
   * `int4lab.clip.clip_scales`      a per-block clip search (reused from the library, not repeated here);
-  * `nf4_levels`, `nf4_dequant`     QLoRA's NormalFloat4 codebook with an absmax per block.
+  * `nf4_levels`, `nf4_dequant`     QLoRA's NormalFloat4 codebook with an absmax per block (`nf4_codes` gives
+                                    the indices; `nf4_int8_levels` the table rounded to int8).
 `mean_ci` turns per-seed measurements into a mean and a 95 % confidence half-width.
 """
 from __future__ import annotations
@@ -93,20 +94,40 @@ def nf4_levels(offset: float = 0.9677083) -> torch.Tensor:
     return v / v.abs().max()
 
 
-def nf4_dequant(w: torch.Tensor, block: int = 64, absmax_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """NF4 round trip of w [..., K]: per block, absmax stored in `absmax_dtype`, each w / absmax replaced by the
-    nearest NF4 level (ties to the lower level), decoded level · absmax. float32, w's shape.
-    block=64 with float32 absmax is bitsandbytes' default (4.5 bits/weight); block=32 with float16 absmax
-    costs the same 4.5 bits as int4-b32."""
+def nf4_int8_levels() -> torch.Tensor:
+    """int8 [16]: the NF4 levels rounded to integers over 127, round(127 · level) (ties to even), the ends ±127.
+    A table of this kind lets a codebook keep an integer dot product: each decoded weight is then an int8 level
+    times one float scale per block (absmax / 127), as in llama.cpp's IQ4_NL, whose own 16 int8 levels differ."""
+    return torch.round(nf4_levels() * 127).to(torch.int8)
+
+
+def nf4_codes(w: torch.Tensor, block: int = 64, absmax_dtype: torch.dtype = torch.float32,
+              levels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """NF4 encoding of w [..., K]: per block, absmax stored in `absmax_dtype` (returned as float32 [..., K/block, 1])
+    and each w / absmax's index (int64 [..., K/block, block]) of the nearest of `levels` (ties to the lower level).
+    `levels`: 16 ascending values in [-1, 1], float64; default `nf4_levels()`."""
     _check_block(w, block)
     if absmax_dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"absmax_dtype must be float32, float16 or bfloat16, got {absmax_dtype}")
+    lv = nf4_levels() if levels is None else levels
+    if lv.shape != (16,) or not bool((lv[1:] > lv[:-1]).all()) or float(lv.abs().max()) > 1:
+        raise ValueError(f"levels must be 16 strictly ascending values in [-1, 1], got shape {tuple(lv.shape)}")
     wb = _by_block(w, block)
     amax = wb.abs().amax(-1, keepdim=True).to(absmax_dtype).float()
-    lv = nf4_levels().float()
+    lv = lv.float()
     safe = torch.where(amax == 0, torch.ones_like(amax), amax)
     # nearest level without a [..., 16] distance tensor: count the midpoints below (a tie goes to the lower level)
-    idx = torch.bucketize((wb / safe).contiguous(), (lv[1:] + lv[:-1]) / 2)
+    return torch.bucketize((wb / safe).contiguous(), (lv[1:] + lv[:-1]) / 2), amax
+
+
+def nf4_dequant(w: torch.Tensor, block: int = 64, absmax_dtype: torch.dtype = torch.float32,
+                levels: torch.Tensor | None = None) -> torch.Tensor:
+    """NF4 round trip of w [..., K]: per block, absmax stored in `absmax_dtype`, each w / absmax replaced by the
+    nearest of `levels` (default `nf4_levels()`; ties to the lower level), decoded level · absmax. float32, w's shape.
+    block=64 with float32 absmax is bitsandbytes' default (4.5 bits/weight); block=32 with float16 absmax
+    costs the same 4.5 bits as int4-b32."""
+    idx, amax = nf4_codes(w, block, absmax_dtype, levels)
+    lv = (nf4_levels() if levels is None else levels).float()
     return (lv[idx] * amax).reshape(w.shape)
 
 

@@ -61,6 +61,26 @@ def test_nf4_dequant_picks_the_nearest_level():
         assert torch.equal(brute.argmin(-1), (ratio.unsqueeze(-1) - lv).abs().argmin(-1))
 
 
+def test_nf4_int8_levels_give_an_integer_dot_product():
+    l8 = fv.nf4_int8_levels()
+    assert l8.dtype == torch.int8 and l8.tolist() == [round(127 * v) for v in BNB_NF4]
+    w, qx = torch.randn(6, 160), torch.randint(-127, 128, (160,))      # qx: int8 activation codes
+    lv = l8.double() / 127
+    idx, amax = fv.nf4_codes(w, 32, torch.float16, levels=lv)
+    wh = fv.nf4_dequant(w, 32, torch.float16, levels=lv)
+    assert torch.equal(wh, (lv.float()[idx] * amax).reshape(w.shape))
+    brute = (w.reshape(6, -1, 32) / amax).unsqueeze(-1).sub(lv.float()).abs().argmin(-1)
+    assert torch.equal(idx, brute)                                  # nearest of the given levels
+    # integer route: int8 levels gathered, an exact integer sum per block, one scale (amax / 127) per block
+    block_int = (l8[idx].long() * qx.reshape(5, 32)).sum(-1, keepdim=True)
+    y_int = (block_int.double() * amax.double() / 127).sum((-2, -1))
+    y_ref = (lv[idx] * amax.double()).reshape(6, 160) @ qx.double()
+    assert torch.allclose(y_int, y_ref, rtol=1e-12, atol=0)
+    for bad in (torch.zeros(16), torch.linspace(-1, 1, 15), torch.linspace(-2, 2, 16)):
+        with pytest.raises(ValueError, match="levels must be 16"):
+            fv.nf4_codes(w, 32, levels=bad.double())
+
+
 def test_codes_dequant_and_relative_errors():
     w = torch.randn(4, 64)
     codes, d = fv.q4_0_codes(w)
