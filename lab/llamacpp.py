@@ -19,8 +19,11 @@ Arms:
           quantised projection's output, in these expert-only arms the experts' gate/up and down, and the MoE
           block's combined output rounded to bf16; attention stays float32) vs its Q4_0 GGUF
           (llama.cpp's CPU path quantises activations to Q8_0 per 32 with an fp16 scale, keeps the
-          projection outputs and the expert combine in float32, and sums each block's int8 x int4 products
-          exactly in integers before scaling them; the kernels are those the build was compiled for).
+          projection outputs and the expert combine in float32, and sums the int8 x int4 products in integers
+          before scaling them: the whole 32-product block in the repacked Q4_0 kernels, groups of four in the
+          non-repacked x86 `ggml_vec_dot_q4_0_q8_0` and llamafile kernels, each group then scaled and added in
+          float; the kernels are those the build was compiled for, and which one served the experts is not
+          recorded).
 For each arm: both perplexities, the relative difference with a paired bootstrap CI over documents,
 the |delta log-prob| of the scored tokens (max, mean) and the top-1 agreement of the two engines.
 """
@@ -286,8 +289,9 @@ def llamacpp_numerics(activations: str = "q8_0", outputs: str = "fp32"):
     activations "q8_0": `q8_0_activations` (ggml's x86 rule: fp16 scale); "ours": `quant_x_rows_ref` (float32
     scale). outputs "fp32": each quantised projection's output and the expert combine stay float32, as ggml's are; "bf16":
     each rounded to bf16 as our kernels do. ("q8_0", "fp32") is llama.cpp's side in these two respects only: the
-    matmuls still multiply dequantised values in float32 (ggml sums each block's integer products exactly, then
-    scales), in torch's summation order, not ggml's; ("ours", "bf16") computes what our model computes without the
+    matmuls still multiply dequantised values in float32 (ggml multiplies integer partial sums, per 32-product block
+    or per four products depending on the kernel, by the product of the two fp16 scales), in torch's summation
+    order, not ggml's; ("ours", "bf16") computes what our model computes without the
     context, bit for bit (tests/lab/test_llamacpp.py); the two mixed ones change one half at a time (which changes
     close the gap; mean |delta log p| does not split it into shares).
     """
