@@ -7,7 +7,9 @@ Two numbers place any layer on the map, both read from its Hessian H = 2/R · X�
   * `effective_rank_frac(H)`: the participation ratio of the channel *correlation* matrix C = D^-1/2 H D^-1/2,
     (tr C)² / tr(C²) = K² / ‖C‖²_F, divided by K. 1 = uncorrelated channels; 1/K = one shared direction.
     Scale-free, so channel skew does not move it. Computed on the rows at hand: R rows of independent channels
-    give about 1 / (1 + K/R), not 1 (sampling noise is correlation too — the point of this chapter).
+    give about 1 / (1 + K/R), not 1 (sampling noise is correlation too — the point of this chapter). For correlated
+    channels it also falls with K (a fixed number of shared directions is a smaller fraction of a larger K), so
+    compare it between layers of one K.
   * `channel_skew(H)`: the standard deviation of log(channel RMS) = ½ log diag(H) over channels.
 The GPTQ gain is output MSE(GPTQ) / output MSE(RTN), measured through H: in sample on the calibration Hessian
 (what GPTQ minimised) and held out on a Hessian of fresh rows (what a model would see).
