@@ -59,12 +59,14 @@ def first_case(arch_rec: dict) -> tuple[int, int]:
 def best_row(arch_rec: dict, state: str, run: str, batch: int, context: int):
     """The fastest row (smallest per layer) of (state, run, batch, context) over the experts implementations. An
     eager row whose slope's sample range reaches zero (`slope_range`), or whose two-depth line fails (`line_fails`),
-    is no candidate while another's is decided: such a slope, even a negative one, cannot show an implementation
-    faster. None where the receipt has no row."""
+    is no candidate while another's is decided, nor is one whose slope lies wholly below its own graphed layer
+    (`below_graphed`): such a slope, even a negative one, cannot show an implementation faster. None where the
+    receipt has no row."""
     rows = [r for r in arch_rec["rows"] if (r["state"], r["run"], r["batch"], r["context"]) == (state, run, batch, context)
             and "per_layer_us" in r]
     if run == "eager":
-        rows = [r for r in rows if r.get("samples_us") and slope_range(r)[0] > 0 and not line_fails(r)] or rows
+        rows = [r for r in rows if r.get("samples_us") and slope_range(r)[0] > 0 and not line_fails(r)
+                and below_graphed(arch_rec, r) is None] or rows
     return min(rows, key=lambda r: r["per_layer_us"]) if rows else None
 
 
@@ -132,7 +134,8 @@ def plot_bars(rec: dict, axes) -> None:
             r = best_row(a, state, run, b, c)
             if r is None:
                 continue
-            if not decided(r):      # an eager slope or fixed part its samples cannot tell from zero (or below it)
+            if not decided(r) or below_graphed(a, r) is not None:      # an eager slope or fixed part its samples
+                # cannot tell from zero (or below it), or a slope below its own graphed layer: not one layer's cost
                 labels.append((i, f"{state.replace('int4_', '')}\n{run}\n(undecided)"))
                 continue
             labels.append((i, f"{state.replace('int4_', '')}\n{run}"))
@@ -164,7 +167,7 @@ def plot_bars(rec: dict, axes) -> None:
             if fl.get("us"):
                 floors.append(fl["us"])
                 ax.axhline(fl["us"], color="k", ls=style, lw=1, label=f"{state} read floor")
-        # eager steps are host-bound and tens of times taller: the axis fits the graphed and compiled bars, and an
+        # at batch 1 eager steps are host-bound and several times taller: the axis fits the graphed and compiled bars, and an
         # eager bar past it carries its value
         top = 1.3 * max([v for _, run, v in tops if run != "eager"] + floors + [1e-9])
         if any(v > top for _, _, v in tops):
@@ -248,6 +251,18 @@ def line_fails(row) -> bool:
     return row["run"] == "eager" and fixed_range(row)[1] <= 0
 
 
+def below_graphed(arch_rec: dict, row) -> float | None:
+    """The graphed per layer of an eager row's configuration (same state, experts impl, batch and context) where the
+    eager slope's whole sample range lies below it, else None. Graphing removes the host's launches, not the device's
+    work, and an eager step is timed between synchronisations, so at depth an eager layer costs at least its graphed
+    one: a slope below it is the host time the second layer added while the step was host-bound, not one layer's
+    cost, and the two-depth line falls below the device time as layers are added."""
+    if row["run"] != "eager" or not row.get("samples_us"):
+        return None
+    g = _row(arch_rec, row["state"], row["impl"], "graphed", row["batch"], row["context"])
+    return g["per_layer_us"] if g and slope_range(row)[1] < g["per_layer_us"] else None
+
+
 def _fails_text(row) -> str:
     lo, hi, s1, s2 = _depths(row)
     return (f"fixed entirely below zero: the {hi}-layer step's samples ({min(s2):,.0f}–{max(s2):,.0f} us) are "
@@ -283,30 +298,40 @@ def eager_ratio(a: dict, state: str, b: int, c: int, other: str = "bf16", fastes
     """Eager per layer of `state` over eager `other` (bf16: its default experts impl, or with fastest=True the one
     fastest eager at (b, c) among those whose slope's sample range lies above zero, `best_row`; "impl" names the
     denominator's): value, the range its samples allow, and decided = False unless both rows are `decided` (each
-    slope's and each fixed part's sample range above zero) and both slopes positive. Undecided, "range" holds the
-    two slopes' ranges and "fixed" each row's (state, lowest, highest) fixed part, for `eager_text`."""
+    slope's and each fixed part's sample range above zero), both slopes positive, and neither slope wholly below its
+    own graphed layer (`below_graphed`). Undecided, "range" holds the two slopes' ranges, "fixed" each row's (state,
+    lowest, highest) fixed part and "graphed" each row below its graphed layer as (name, lowest, highest slope,
+    graphed per layer), for `eager_text`."""
     pick = lambda st: (best_row(a, st, "eager", b, c) if st == "bf16" and fastest else      # noqa: E731
                        _row(a, st, a.get("default_experts_impl") if st == "bf16" else None, "eager", b, c))
     num, den = pick(state), pick(other)
     if not num or not den:
         return {"value": None, "range": None, "decided": False, "impl": None}
     (nl, nh), (dl, dh) = slope_range(num), slope_range(den)
-    ok = min(nl, dl, num["per_layer_us"], den["per_layer_us"]) > 0 and decided(num) and decided(den)
+    below = [(" ".join(str(x) for x in (st, r["impl"]) if x), *slope_range(r), g)
+             for st, r in ((state, num), (other, den)) if (g := below_graphed(a, r)) is not None]
+    ok = min(nl, dl, num["per_layer_us"], den["per_layer_us"]) > 0 and decided(num) and decided(den) and not below
     return {"value": num["per_layer_us"] / den["per_layer_us"], "decided": ok, "impl": den["impl"],
             "range": (nl / dh, nh / dl) if ok else ((nl, nh), (dl, dh)),
-            **({} if ok else {"fixed": ((state, *fixed_range(num)), (other, *fixed_range(den)))})}
+            **({} if ok else {"fixed": ((state, *fixed_range(num)), (other, *fixed_range(den))),
+                              "graphed": below})}
 
 
 def eager_text(e: dict) -> str:
     """A decided eager ratio as its value and range; otherwise 'undecided (spread …)' where a slope's range reaches
-    zero, else 'undecided (fixed part: …)' where a fixed part's does (entirely below zero: the two-depth line fails
-    for that row, `line_fails`)."""
+    zero, else 'undecided (… eager slope … lies below its own graphed layer …)' where a slope lies wholly below its
+    graphed layer (`below_graphed`), else 'undecided (fixed part: …)' where a fixed part's range reaches zero
+    (entirely below zero: the two-depth line fails for that row, `line_fails`)."""
     if e["value"] is None:
         return "–"
     if not e["decided"]:
         (nl, nh), (dl, dh) = e["range"]
         if min(nl, dl) <= 0 or "fixed" not in e:
             return f"undecided (spread: per layer {span_text(nl, nh)} over {span_text(dl, dh)})"
+        if e.get("graphed"):
+            name, lo, hi, g = e["graphed"][0]
+            return (f"undecided ({name}'s eager slope, {lo:,.0f}–{hi:,.0f} µs, lies below its own graphed layer, "
+                    f"{g:,.0f} µs: not one layer's cost, its two-depth line falls below the device time with depth)")
         fixed = lambda st, lo, hi: (f"{st} {span_text(lo, hi)}"      # noqa: E731
                                     + (" (the two-depth line fails)" if hi <= 0 else ""))
         return f"undecided (fixed part: {fixed(*e['fixed'][0])}; {fixed(*e['fixed'][1])})"

@@ -6,7 +6,9 @@ Categories (a kernel belongs to the innermost labelled module that was running w
     norm        RMSNorms (layer and q/k norms)                      write, the attention kernel, reshapes
     glue        the rest of a decoder layer (residual adds)
     fixed       outside the decoder layers: embedding, final norm, lm_head, the argmax
-    gaps        step time minus the kernels' summed time (launch gaps between kernels, in the graph too)
+    gaps        the timed step minus the profiled replays' summed kernel time: two separately timed totals, so it
+                holds launch gaps but also the two measurements' difference; it reads negative on OLMoE and Qwen3
+                in decode_step_h100.json, so it does not measure launch gaps
 
 How: an eager step is profiled with a profiler range per labelled module (forward hooks); a kernel's launch
 (its CPU-side correlation) falls inside ranges, the innermost names it. The replay's kernels take the eager
@@ -124,7 +126,8 @@ def sums(kernels: list) -> dict:
 
 
 def per_layer(one: dict, two: dict, step_one_us: float, step_two_us: float) -> dict:
-    """Per-layer microseconds per category from the sums at 1 and 2 layers, gaps = step - busy at each depth."""
+    """Per-layer microseconds per category from the sums at 1 and 2 layers, gaps = step - busy at each depth (the
+    step timed apart from the profiled kernels: a difference of two measurements, which can come out negative)."""
     keys = set(one) | set(two)
     out = {k: two.get(k, 0.0) - one.get(k, 0.0) for k in keys}
     out["gaps"] = (step_two_us - two["busy"]) - (step_one_us - one["busy"])

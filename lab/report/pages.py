@@ -7,7 +7,7 @@ from pathlib import Path
 from int4lab.files import write_text_atomic
 
 from lab.bench.schema import DEFAULT_OUT
-from lab.chapters.decode_step import eager_ratio, eager_text, slope_range     # chapter 07's rule for an eager slope
+from lab.chapters.decode_step import below_graphed, eager_ratio, eager_text, slope_range  # chapter 07's eager rule
 from lab.paths import RECEIPTS
 from lab.provenance import portable_command
 from .realscale_fit import full_text, gptq_text, pack_text
@@ -272,7 +272,7 @@ def eager_bf16_text(r: dict) -> str:
     """The decode-step table's note on its eager column's bf16 (`eager_ratio(..., fastest=True)`): which experts
     implementation it is, in how many rows with an eager ratio transformers' default is slower eager (and in how many
     of them beyond both slopes' sample ranges), and which lower eager per-layer values were no candidate because
-    their slope's sample range does not lie above zero."""
+    their slope's sample range does not lie above zero or lies wholly below their own graphed layer."""
     slower, beyond, shown, passed, dflts = 0, 0, 0, [], set()
     for arch, a in r.get("archs", {}).items():
         dflt = a.get("default_experts_impl")
@@ -285,8 +285,10 @@ def eager_bf16_text(r: dict) -> str:
             bf = {x["impl"]: x for x in a.get("rows", []) if "per_layer_us" in x and
                   (x["state"], x["run"], x["batch"], x["context"]) == ("bf16", "eager", b, c)}
             pick = bf[e["impl"]]
-            passed += [f"{arch} at batch {b}, context {c} ({k})" for k, x in bf.items()
-                       if x["per_layer_us"] < pick["per_layer_us"]]
+            passed += [f"{arch} at batch {b}, context {c} ({k}" + (f", its slope {lo:,.0f}–{hi:,.0f} µs below its "
+                       f"graphed layer, {g:,.0f} µs" if lo > 0 and (g := below_graphed(a, x)) is not None else "") + ")"
+                       for k, x in bf.items() if x["per_layer_us"] < pick["per_layer_us"]
+                       for lo, hi in [slope_range(x)]]
             if dflt and e["impl"] != dflt:
                 slower, dflts = slower + 1, dflts | {dflt}
                 beyond += dflt in bf and slope_range(bf[dflt])[0] > slope_range(pick)[1]
@@ -295,11 +297,12 @@ def eager_bf16_text(r: dict) -> str:
     return ("its bf16 is the experts implementation fastest eager in that row among those measured"
             + (f" ({', '.join(impls)}" + (f"; transformers' {', '.join(unrun)} experts implementation was not run"
                                           if unrun else "") + ")" if impls else "")
-            + " whose slope's sample range lies above zero (named)" + (
+            + " whose slope's sample range lies above zero and not wholly below its graphed layer (named)" + (
                 f"; transformers' default ({'/'.join(sorted(dflts))}) is slower eager in this run in {slower} of "
                 f"the {shown} rows with an eager ratio ({beyond} of them beyond both slopes' sample ranges), and "
                 "against it those ratios are lower (chapter 07 prints both)" if slower else "") + (
-                "; a lower eager per layer whose slope's sample range does not lie above zero is no candidate (it "
+                "; a lower eager per layer whose slope's sample range does not lie above zero, or lies wholly below "
+                "its own graphed layer (at depth an eager layer costs at least its graphed one), is no candidate (it "
                 f"shows no implementation faster): {', '.join(passed)}" if passed else ""))
 
 
@@ -309,7 +312,8 @@ def decode_step_table(receipts=RECEIPTS) -> str:
     int4_fused2 compiled, beside bf16's floor and the best bf16 (the fastest experts implementation graphed, or
     compiled where the receipt compiled bf16: only the implementation fastest graphed is compiled), tokens/s at the
     published depth against that bf16, and eager int4_fused2 against the fastest eager bf16 whose slope is decided
-    (named; the range its samples allow, or undecided where either row's slope or fixed part is not, `decided`).
+    (named; the range its samples allow, or undecided where either row's slope or fixed part is not, `decided`, or
+    a slope lies wholly below its own graphed layer, `below_graphed`).
     From the receipt's `summary` and rows; "–" where it measured nothing."""
     found = _receipts("decode_step_*.json", receipts)
     if not found:
@@ -343,8 +347,10 @@ def decode_step_table(receipts=RECEIPTS) -> str:
                 "Eager column: per layer = step(2 layers) − step(1 layer) from the run's eager samples, with the range "
                 "they allow (min step(2) − max step(1) to max step(2) − min step(1)); a ratio is undecided where "
                 "either row's slope range or fixed-part range (step(1) − per layer) reaches zero, a fixed range "
-                "entirely below zero meaning the two-depth line fails for that row (chapter 07's rule for an eager "
-                "row); the range holds only the spread of the run's own host-timed samples, not run-to-run "
+                "entirely below zero meaning the two-depth line fails for that row, or where either row's slope "
+                "range lies wholly below the same configuration's graphed layer (graphing removes host launches, not "
+                "device work, so at depth an eager layer costs at least its graphed one: such a slope is not one "
+                "layer's cost) (chapter 07's rule for an eager row); the range holds only the spread of the run's own host-timed samples, not run-to-run "
                 "noise, so a ratio whose range contains 1 does not say which eager step is faster, and one whose range "
                 "excludes 1 says so for this run only, and only where the receipt's other eager rows do not "
                 "contradict its slopes: each depth's samples are taken back to back, so drift between the two depths' "

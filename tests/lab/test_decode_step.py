@@ -203,6 +203,26 @@ def test_chapter_rules_undecided_eager_and_names_our_kernels():
                                                         "gemv_dp4a_kernel @ experts": [2, 9.0]}
 
 
+def test_an_eager_slope_below_its_graphed_layer_is_no_layers_cost():
+    """Slope and fixed part above zero, the slope under its graphed layer: no candidate, its ratios undecided."""
+    from lab.chapters import decode_step as ch
+    from lab.report.pages import eager_bf16_text
+    row = lambda st, impl, run, s1, s2: {"state": st, "impl": impl, "run": run, "batch": 1, "context": 8,  # noqa: E731
+                                         "samples_us": {"1": s1, "2": s2}, "per_layer_us": s2[0] - s1[0],
+                                         "fixed_us": 2 * s1[0] - s2[0], "tokens_per_s": 1.0}
+    a = {"default_experts_impl": "batched_mm", "summary": {"B1 C8": {}}, "rows": [
+        row("int4_fused2", None, "eager", [50.0, 51.0], [80.0, 81.0]), row("bf16", "batched_mm", "eager", [90.0, 91.0],
+        [100.0, 101.0]), row("bf16", "batched_mm", "graphed", [40.0], [80.0]), row("bf16", "grouped_mm", "eager",
+        [40.0, 41.0], [80.0, 81.0])]}
+    assert ch.decided(a["rows"][1]) and ch.below_graphed(a, a["rows"][1]) == 40.0
+    assert ch.below_graphed(a, a["rows"][3]) is None and ch.best_row(a, "bf16", "eager", 1, 8)["impl"] == "grouped_mm"
+    e = ch.eager_ratio(a, "int4_fused2", 1, 8)
+    assert not e["decided"] and ch.eager_text(e).startswith("undecided (bf16 batched_mm's eager slope, 9–11 µs, lies "
+                                                            "below its own graphed layer, 40 µs: not one layer's cost")
+    assert "context 8 (batched_mm, its slope 9–11 µs below its graphed layer, 40 µs)" in eager_bf16_text(
+        {"archs": {"olmoe": a}})
+
+
 def _target_rec(compiled: bool, rows=(), summary=None, floors=None, skipped=()) -> dict:
     """A one-model receipt for chapter 07's targets: int4_fused2 and bf16 graphed at batch 1, context 256."""
     def row(st, impl, run, us, tps):
@@ -318,11 +338,11 @@ def test_eager_run_to_run_pairs_the_ratios_decided_in_both(monkeypatch):
     new = {**_target_rec(True, rows=[eager("int4", None, [30.0, 31.0], [50.0, 51.0]),
                                      eager("int4_fused2", None, [10.0, 40.0], [20.0, 21.0]),
                                      eager("int4_fused", None, [10.0, 11.0], [20.0, 21.0]),
-                                     eager("bf16", "grouped_mm", [20.0, 21.0], [30.0, 31.0])]), **prov}
+                                     eager("bf16", "grouped_mm", [60.0, 61.0], [110.0, 111.0])]), **prov}
     old = {**_target_rec(True, rows=[eager("int4", None, [10.0, 11.0], [15.0, 16.0]),
                                      eager("int4_fused2", None, [10.0, 11.0], [15.0, 16.0]),
                                      eager("int4_fused", None, [10.0, 11.0], [15.0, 16.0]),
-                                     eager("bf16", "grouped_mm", [20.0, 21.0], [30.0, 31.0])]), **prov}
+                                     eager("bf16", "grouped_mm", [60.0, 61.0], [110.0, 111.0])]), **prov}
     for rec in (new, old):
         rec["archs"]["olmoe"]["default_experts_impl"] = "grouped_mm"
     monkeypatch.setattr(history, "receipt_at", lambda path, commit: old)
@@ -330,8 +350,8 @@ def test_eager_run_to_run_pairs_the_ratios_decided_in_both(monkeypatch):
     # int4_fused2's new slope reaches zero; int4_fused's new fixed part reaches zero (10 - 11 < 0)
     assert list(pairs) == [("olmoe", "B1 C256", "int4")]
     (e, f), = pairs.values()
-    assert e["value"] == 2.0 and e["range"] == (19.0 / 11.0, 21.0 / 9.0)
-    assert f["value"] == 0.5 and f["range"] == (4.0 / 11.0, 6.0 / 9.0)
+    assert e["value"] == 0.4 and e["range"] == (19.0 / 51.0, 21.0 / 49.0)      # bf16's slope above its graphed 40
+    assert f["value"] == 0.1 and f["range"] == (4.0 / 51.0, 6.0 / 49.0)
     monkeypatch.setattr(history, "receipt_at", lambda path, commit: {**old, "transformers": "4"})
     assert tg.eager_run_to_run(new, None) == {}
 
