@@ -11,7 +11,8 @@ decoder layers; a shallower depth runs inside model.depth), batch 1, a seeded ra
            compile_config=CompileConfig(), as transformers 5 documents it (with a compilable cache `generate`
            compiles the forward of the decode steps: inductor, "reduce-overhead", i.e. CUDA graphs; the prefill
            runs uncompiled). CUDA only (a CPU records it skipped: inductor through Triton's interpreter would take
-           hours). --cache reused passes one StaticCache per state and depth, reset before each call.
+           hours). Each call's new StaticCache moves the cache tensors, so CUDA graphs re-record in its first decode
+           step (counted in t(N)); --cache reused passes one StaticCache per state and depth, reset before each call.
   one call generate(prompt [1, P], greedy, min_new_tokens = max_new_tokens = n) between torch.cuda.synchronize()s,
            host wall time. Decode time per token = (t(N) - t(1)) / (N - 1) (t(1) is the prefill and generate's
            set-up, which cancel); tokens/s = 1 / that; per layer = the decode time's slope between the extreme depths.
@@ -28,7 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import gc
 import math
 import signal
 import sys
@@ -44,6 +44,7 @@ from lab.paths import RUNS
 from lab.synth import ARCHS, FULL_LAYERS, WIDTHS, config_fields
 
 from . import model as M
+from .bench import _free
 from .step import _sync
 
 STATES = ("bf16", "int4", "int4_fused")
@@ -56,8 +57,9 @@ def check(args) -> None:
     if not args.layers or min(args.layers) < 1:
         raise ValueError(f"--layers must be depths >= 1, got {args.layers}")
     for flag, low in {"new": 2, "prompt": 1, "rounds": 3, "warmup": 1}.items():
-        if isinstance(getattr(args, flag), bool) or not isinstance(getattr(args, flag), int) or getattr(args, flag) < low:
-            raise ValueError(f"--{flag} must be an int >= {low}, got {getattr(args, flag)!r}")
+        v = getattr(args, flag)
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValueError(f"--{flag} must be an int >= {low}, got {v!r}")
     for flag, v, rule in (("budget-s", args.budget_s, "> 0"), ("compile-reserve-s", args.compile_reserve_s, ">= 0")):
         if not (isinstance(v, (int, float)) and math.isfinite(v) and (v > 0 if rule == "> 0" else v >= 0)):
             raise ValueError(f"--{flag} must be a finite number of seconds {rule}, got {v!r}")
@@ -66,15 +68,10 @@ def check(args) -> None:
             raise ValueError(f"--{flag} must be a non-empty subset of {list(known)}, got {getattr(args, flag)}")
     deep = [a for a in args.archs if max(args.layers) > FULL_LAYERS[a]]
     if deep:
-        raise ValueError(f"--layers must not exceed {deep[0]}'s published depth {FULL_LAYERS[deep[0]]}, got {args.layers}")
+        raise ValueError(f"--layers must not exceed {deep[0]}'s published depth {FULL_LAYERS[deep[0]]}, "
+                         f"got {args.layers}")
     if "bf16" not in args.states:
         raise ValueError("--states must include bf16 (every ratio is against it)")
-
-
-def _free() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def call(model, ids: torch.Tensor, n: int, mode: str, cache=None, kernels: bool = False) -> tuple[float, list]:
@@ -148,7 +145,8 @@ def summarise_state(samples: dict, n: int) -> dict:
     if len(dec) >= 2:
         lo, hi = min(dec), max(dec)
         pl = [(b - a) / (hi - lo) * 1e3 for a, b in zip(dec[lo], dec[hi])]
-        out["per_layer_ms"] = {"per_round": pl, **(_spread(pl) or {}), "formula": f"(decode({hi}) - decode({lo})) / {hi - lo}"}
+        out["per_layer_ms"] = {"per_round": pl, **(_spread(pl) or {}),
+                               "formula": f"(decode({hi}) - decode({lo})) / {hi - lo}"}
     return out
 
 
@@ -196,8 +194,9 @@ def run_mode(models: dict, mode: str, ids, args, left, log) -> dict:
     if mode == "compiled":      # a compile per state and depth, all on the shared forward code objects
         torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
     live, cost, out["warmup_s"] = [], {}, {}
-    for state in models:            # a compiled state needs what the last compiled warm-up took, at least
-        need = max([args.compile_reserve_s, *out["warmup_s"].values()]) if mode == "compiled" else 0.0
+    for state in models:            # a compiled state needs what the last compiled warm-up took, at least; the
+        past = list(out["warmup_s"].values())           # first (bf16) room for two, as alone it gives no ratio
+        need = max([args.compile_reserve_s, *past]) * (1 if past else 2) if mode == "compiled" else 0.0
         if left() < need:
             out["skipped"].append({"what": f"{mode} {state}", "why": f"budget: {left():.0f} s left, {need:.0f} needed"})
             continue
@@ -332,7 +331,7 @@ def parser() -> argparse.ArgumentParser:
                     help="on a CPU, the int4 modules' Triton kernels in the interpreter (else torch arithmetic)")
     ap.add_argument("--budget-s", type=float, default=270.0, help="wall-clock budget, shared evenly by the archs")
     ap.add_argument("--compile-reserve-s", type=float, default=30.0,
-                    help="budget a state's compiled warm-up needs left before it starts")
+                    help="budget a compiled warm-up needs left before it starts (bf16, the first: twice)")
     ap.add_argument("--seed", type=int, default=0, help="the prompt's and the weights' seed")
     ap.add_argument("--out", help="receipt path (default runs/generate_<card>.json)")
     return ap
