@@ -156,3 +156,31 @@ def test_check_raises_value_error_and_out_must_be_a_file(tmp_path, capsys):
     with pytest.raises(SystemExit):
         G.main(["--out", str(tmp_path)])                                # a directory
     assert "--out" in capsys.readouterr().err
+
+
+def test_a_reused_static_cache_gives_the_fresh_caches_tokens():
+    """--cache reused (one StaticCache per state and depth, reset before each call) decodes what generate's own
+    static cache does, round after round (torch arithmetic here: the cache handling is under test, not the
+    kernels)."""
+    ids = torch.randint(0, 4096, (1, 5), generator=torch.Generator().manual_seed(1))
+    got = {}
+    for cache in ("fresh", "reused"):
+        args = G.parser().parse_args(["--width", "tiny", "--rounds", "3", "--new", "4", "--warmup", "1", "--states",
+                                      "bf16", "int4", "--cache", cache, "--no-cpu-kernels", "--seed", "3"])
+        models, errors = G.build_states("olmoe", args, "cpu")
+        assert list(models) == ["bf16", "int4"] and not errors
+        out = G.run_mode(models, "eager", ids, args, lambda: 1e9, lambda m: None)
+        assert not out["errors"] and out["rounds"] == 3 and all(out["stable"].values())
+        got[cache] = out["tokens"]
+    assert got["fresh"] == got["reused"] and len(got["fresh"]["int4"]) == 4
+
+
+def test_an_interrupted_run_says_so_in_its_receipt(tmp_path, monkeypatch):
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(G, "run_arch", stop)
+    out = tmp_path / "r.json"
+    with pytest.raises(KeyboardInterrupt):
+        G.main(["--width", "tiny", "--archs", "olmoe", "--out", str(out)])
+    r = json.loads(out.read_text())
+    assert r["complete"] is False and r["interrupted"].startswith("KeyboardInterrupt")
