@@ -364,6 +364,7 @@ def main(argv=None) -> int:
         write_receipt(out, {"kind": "generate", "card": card(), "transformers": transformers.__version__,
                             "torch": torch.__version__, "command": command, "method": __doc__.split("\n", 4)[-1],
                             "settings": {k: v for k, v in vars(args).items() if k != "out"},
+                            "compile_config": transformers.CompileConfig().to_dict(),
                             "seconds": time.time() - t0, **state, "archs": archs}, command=command)
 
     def log(msg):
