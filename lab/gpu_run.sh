@@ -31,11 +31,16 @@
 #            decode_<card>.json, ggml_<card>.txt, ggml_cases.txt and the build logs under peers/.
 #   prefill  many-row int4 scoring against bf16 and the decode path, paired in alternating rounds in one process,
 #            and the rows sweep behind the gate's SCORE_PREFILL_ROWS (lab.bench.prefill)
+#   generate what transformers' generate gives (static cache, eager and compiled as transformers documents it):
+#            decode tokens/s of bf16, int4 and int4_fused at 1 and 2 layers, paired rounds, the int4/bf16 ratio's
+#            95 % interval and greedy tokens eager against compiled (lab.decode_step.generate; GEN_BUDGET_S,
+#            GEN_ARCHS, GEN_CACHE=reused for one StaticCache per state and depth, GEN_ARGS, GEN_TAG added to the name)
 # Writes under $OUT, every receipt named for the card (h100 / h200): cuda_tests_<card>.txt, replay_check.json,
 # sanitizer_<card>.txt, decode_<card>.json, decode_step_<card>.json, decode_step_qwen2_moe_<card>.json,
 # realscale_gate_olmoe_<card>.json,
 # realscale_gate_full_olmoe_<card>.json (and the gate's whole output, .gate.txt), dither_cuda_<card>.txt, realscale_gate_qwen3_moe_<card>.json,
-# realscale_gate_mixtral_<card>.json, prefill_<card>.json, pack_<card>.json. Carried wheels in .whl/ (git-ignored) are installed
+# realscale_gate_mixtral_<card>.json, prefill_<card>.json, pack_<card>.json,
+# generate_<card>.json. Carried wheels in .whl/ (git-ignored) are installed
 # first: transformers (the pinned version; the image's is older) and GemLite (a peer column of the bench).
 set -uo pipefail
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -151,5 +156,11 @@ if has pack; then
   stage "pack: a lottery ticket against round-to-nearest"
   timeout ${PACK_S:-120} python3 -m lab.bench.pack --device cuda --impls rtn rtn_dithered --repeats ${PACK_REPEATS:-101} \
     --shapes 14336x4096 4096x14336 2048x1024 1024x2048 768x2048 2048x768 --out "$OUT/pack_$card.json" 2>&1 | tail -14
+fi
+if has generate; then
+  stage "generate: int4 against bf16, eager and compiled"
+  timeout $(( ${GEN_BUDGET_S:-250} + 45 )) python3 -m lab.decode_step.generate --budget-s ${GEN_BUDGET_S:-250} \
+    --archs ${GEN_ARCHS:-olmoe qwen3_moe mixtral} --cache ${GEN_CACHE:-fresh} ${GEN_ARGS:-} \
+    --out "$OUT/generate${GEN_TAG:-}_$card.json" 2>&1 | grep --line-buffered -v "Warning\|warnings.warn" | tail -40
 fi
 stage "done"
