@@ -10,7 +10,7 @@ from lab.bench.schema import DEFAULT_OUT
 from lab.chapters.decode_step import below_graphed, eager_ratio, eager_text, slope_range  # chapter 07's eager rule
 from lab.paths import RECEIPTS
 from lab.provenance import portable_command
-from .realscale_fit import full_text, gptq_text, pack_text
+from .realscale_fit import _s, fit_flags, fitted, fitted_time, full_text, gptq_text, off_line, pack_text
 from .runlog import summary_text
 from .decode import END, START, _f, _line, read, reading, refuse_partial
 from .targets import misses_table, targets
@@ -97,10 +97,6 @@ def _gb(x) -> str:
     return "–" if x is None else f"{x / 2 ** 30:.1f} GiB"
 
 
-def _s(x) -> str:
-    return "–" if x is None else f"{x:.3g} s"
-
-
 def _receipts(pattern: str, receipts=RECEIPTS) -> list[tuple[Path, dict]]:
     return [(p, read(p)) for p in sorted(Path(receipts).glob(pattern))]
 
@@ -108,27 +104,6 @@ def _receipts(pattern: str, receipts=RECEIPTS) -> list[tuple[Path, dict]]:
 def _not_yet(name: str, module: str, stage: str) -> str:
     return (f"*Not yet measured*: no `data/receipts/{name}`. It is written by `python -m {module}` on a GPU "
             f"(`lab/gpu_run.sh`, stage `{stage}`).")
-
-
-def off_line(f: dict) -> bool:
-    """A fit the fixed + layers x per_layer line does not describe: a negative slope (a deeper run measured less) or
-    a negative fixed part (the depths grow faster than the line, so its slope overstates nothing it can vouch for)."""
-    return bool(f.get("warning")) or (f.get("fixed") or 0) < 0
-
-
-def fit_flags(fits: dict) -> list:
-    """The fits behind the time targets (gate, forwards, calibration forwards) the line does not describe
-    (`off_line`): any one leaves the full-depth time and gate / forwards undecided, whatever the receipt's
-    `targets` say."""
-    return [k for k in ("gate_s", "forward_s", "calibration_forward_s") if off_line(fits.get(k) or {})]
-
-
-def fitted(fits: dict, key: str, fmt=None) -> str:
-    """A fitted full-depth figure, or 'undecided' where the line does not describe its depths (`off_line`)."""
-    f = fits.get(key) or {}
-    if off_line(f) or f.get("full_depth") is None:
-        return "undecided"
-    return (fmt or _s)(f["full_depth"])
 
 
 def renamed(r: dict, path: Path) -> str:
@@ -202,10 +177,12 @@ def realscale_table(receipts=RECEIPTS) -> str:
                 why = lambda ks: (f"undecided (the line does not describe {', '.join(f'`{k}`' for k in ks)}: "  # noqa: E731
                                   "a negative slope or fixed part)")
                 # the quick settings the depths ran: the targets are the README command's (the GPTQ line below)
-                time_cell = why(["gate_s"]) if "gate_s" in flagged else f"**{_s(t['gate_s']['value'])}** (quick settings)"
+                time_cell = (fitted_time(ex["fits"], "gate_s")
+                             or f"**{_s(t['gate_s']['value'])}** (quick settings)")
                 gof_cell = why(flagged) if flagged else f"**{gof['value']:.1f}** (quick settings)"
                 lines.append(_line([arch, f"**{ex['full_layers']} (fitted)**", time_cell,
-                                    fitted(ex["fits"], "build_s"), fitted(ex["fits"], "score_s"), "–", gof_cell,
+                                    fitted_time(ex["fits"], "build_s") or fitted(ex["fits"], "build_s"),
+                                    fitted_time(ex["fits"], "score_s") or fitted(ex["fits"], "score_s"), "–", gof_cell,
                                     _gb(mem["peak_bytes"]) + " predicted" if mem.get("peak_bytes") else "–",
                                     fitted(ex["fits"], "host_peak_bytes", _gb),
                                     f"{mem.get('arms_per_group')} per group, {mem.get('groups')} groups" if mem else "–",

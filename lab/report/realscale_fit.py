@@ -1,12 +1,62 @@
 """What a truncated-depth real-width fit (`lab.realscale_gate --layers`) rests on, read from its receipt: where each
 measured depth's source sat (`source_bytes`, by device), the share of experts GPTQ swept at each depth (the rest
 fell back to round-to-nearest: the gate table's "GPTQ→RTN fallback: n of m experts" note, kept in each depth's
-`table`), and GPTQ's fitted sweeps and calibration forwards with the points they were fitted through."""
+`table`), and GPTQ's fitted sweeps and calibration forwards with the points they were fitted through; and which
+fitted times the fixed + layers x per_layer line decides (`off_line`, `fitted_time`: a time whose timed part is off
+the line is as undecided as one that is off it itself)."""
 from __future__ import annotations
 
 import re
 
 _FALLBACK = re.compile(r"GPTQ→RTN fallback: (\d+) of (\d+) experts")
+
+
+def _s(x) -> str:
+    return "–" if x is None else f"{x:.3g} s"
+
+
+def off_line(f: dict) -> bool:
+    """A fit the fixed + layers x per_layer line does not describe: a negative slope (a deeper run measured less) or
+    a negative fixed part (the depths grow faster than the line, so its slope overstates nothing it can vouch for)."""
+    return bool(f.get("warning")) or (f.get("fixed") or 0) < 0
+
+
+def fit_flags(fits: dict) -> list:
+    """The fits behind the time targets (gate, forwards, calibration forwards) the line does not describe
+    (`off_line`): any one leaves the full-depth time and gate / forwards undecided, whatever the receipt's
+    `targets` say."""
+    return [k for k in ("gate_s", "forward_s", "calibration_forward_s") if off_line(fits.get(k) or {})]
+
+
+# the timed parts each fitted row's time contains: GPTQ's calibration forwards run inside its build, the timed
+# forwards inside the scoring loops, and both inside the gate
+PARTS = {"gate_s": ("forward_s", "calibration_forward_s"), "build_s": ("calibration_forward_s",),
+         "score_s": ("forward_s",)}
+
+
+def fitted_time(fits: dict, key: str) -> str | None:
+    """A fitted row's time cell when the line does not describe it or a part of it (`PARTS`, `off_line`):
+    "undecided", naming them; a part off the line leaves the total open however straight the total looks (the
+    line's own figure is shown beside it). None when the time and all its parts are on the line."""
+    own = off_line(fits.get(key) or {})
+    parts = [k for k in PARTS.get(key, ()) if off_line(fits.get(k) or {})]
+    if not own and not parts:
+        return None
+    names = ", ".join(f"`{k}`" for k in parts)
+    if own:
+        return (f"undecided (the line does not describe `{key}`" + (f", {names}" if parts else "")
+                + ": a negative slope or fixed part)")
+    v = (fits.get(key) or {}).get("full_depth")
+    return (f"undecided (contains {names}, which the line does not describe: a negative slope or fixed part"
+            + (f"; the line through its own points gives {_s(v)}" if v is not None else "") + ")")
+
+
+def fitted(fits: dict, key: str, fmt=None) -> str:
+    """A fitted full-depth figure, or 'undecided' where the line does not describe its depths (`off_line`)."""
+    f = fits.get(key) or {}
+    if off_line(f) or f.get("full_depth") is None:
+        return "undecided"
+    return (fmt or _s)(f["full_depth"])
 
 
 def _gates(depths: dict) -> list[tuple[str, dict]]:

@@ -1,8 +1,8 @@
 """The GPTQ line under a truncated-depth fit says where the depths' sources sat and what share GPTQ swept."""
 from pathlib import Path
 
-from lab.report.realscale_fit import (all_on_gpu, calib_need, command_text, full_text, gptq_swept, gptq_text,
-                                     pack_text, swept_text)
+from lab.report.realscale_fit import (all_on_gpu, calib_need, command_text, fitted_time, full_text, gptq_swept,
+                                     gptq_text, pack_text, swept_text)
 
 
 def _depths(where="cuda"):
@@ -82,3 +82,22 @@ def test_the_ticket_pack_line():
     assert "14336×4096: 2.600 against 2.000 ms (1.30×, met)" in t and "median of 101 calls" in t
     r["rows"][1]["seconds"] = 0.0031
     assert "(1.55×, missed)" in pack_text(Path("pack_h100.json"), r, "H100")
+
+
+def test_a_time_whose_part_is_off_the_line_is_undecided():
+    # gate and build contain GPTQ's calibration forwards: a part off the line leaves them open, however straight
+    # their own points are (the line's figure shown beside it, a negative one never)
+    on = {"fixed": 9.0, "per_layer": 8.7, "full_depth": 286.0}
+    fits = {"gate_s": on, "build_s": {**on, "full_depth": 250.0}, "score_s": on, "forward_s": on,
+            "calibration_forward_s": {"fixed": -3.2, "per_layer": 3.6, "full_depth": 112.0}}
+    assert fitted_time(fits, "gate_s") == ("undecided (contains `calibration_forward_s`, which the line does not "
+                                           "describe: a negative slope or fixed part; the line through its own "
+                                           "points gives 286 s)")
+    assert "gives 250 s" in fitted_time(fits, "build_s") and fitted_time(fits, "score_s") is None
+    fits["calibration_forward_s"] = on
+    assert fitted_time(fits, "gate_s") is None and fitted_time(fits, "build_s") is None
+    fits["gate_s"] = {"fixed": 40.0, "per_layer": -2.0, "full_depth": -56.0, "warning": "per_layer < 0"}
+    fits["forward_s"] = {"fixed": -1.0, "per_layer": 1.0, "full_depth": 47.0}
+    got = fitted_time(fits, "gate_s")
+    assert got == "undecided (the line does not describe `gate_s`, `forward_s`: a negative slope or fixed part)"
+    assert fitted_time(fits, "score_s").startswith("undecided (contains `forward_s`")
