@@ -65,7 +65,9 @@ def q4_0_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def q4_0_clipped(w: torch.Tensor) -> torch.Tensor:
     """bool [..., K]: the weights `q4_0_codes` clips. d = m / -8 puts the block's signed largest value m on code -8,
     so the codes run to +7 only on the other side: a weight of the opposite sign with |w| >= 7.5 |d| (within
-    1/16 of amax) would round to +8 and is clamped to +7, an error of up to one step |d| instead of half a step."""
+    1/16 of amax) would round to +8 and is clamped to +7, an error of up to one step |d| instead of half a step,
+    each plus the float16 rounding of the scale the decode uses, |q|·|d - d16| (under 2^-8 |d| while d16 is a
+    normal float16)."""
     _check_weight(w)
     wb = _by_block(w, BLOCK)
     m = torch.gather(wb, -1, wb.abs().argmax(-1, keepdim=True))
