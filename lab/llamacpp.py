@@ -21,9 +21,10 @@ Arms:
           (llama.cpp's CPU path quantises activations to Q8_0 per 32 with an fp16 scale, keeps the
           projection outputs and the expert combine in float32, and sums the int8 x int4 products in integers
           before scaling them: the whole 32-product block in the repacked Q4_0 kernels, groups of four in the
-          non-repacked x86 `ggml_vec_dot_q4_0_q8_0` and llamafile kernels, each group then scaled and added in
-          float; the kernels are those the build was compiled for, and which one served the experts is not
-          recorded).
+          non-repacked x86 `ggml_vec_dot_q4_0_q8_0`, each group then scaled and added in float. The experts'
+          `MUL_MAT_ID` is served by one of these two, not recorded which; llamafile's sgemm and the AMX path
+          take `MUL_MAT` only (read in ggml-org/ggml d99724f), so in these expert-only arms neither touches a
+          Q4_0 weight).
 For each arm: both perplexities, the relative difference with a paired bootstrap CI over documents,
 the |delta log-prob| of the scored tokens (max, mean) and the top-1 agreement of the two engines.
 """
@@ -196,7 +197,8 @@ def compare(model, scorer, windows: torch.Tensor, chunk: int = 8, variants=None)
 #       maxScalar = amax of the 32-block; d = maxScalar / 127.f (float32); y.d = fp16(d);
 #       id = maxScalar != 0 ? 127.f / maxScalar : 0 (float32); codes = _mm256_round_ps(x * id, _MM_ROUND_NEAREST)
 #       (round half to even). Every x86 matmul of a Q4_0 weight (ggml_compute_forward_mul_mat and _mul_mat_id,
-#       the llamafile sgemm path, the AMX path) quantises its activation rows with it, and
+#       the llamafile sgemm path, the AMX path; the last two serve MUL_MAT only, never the experts' MUL_MAT_ID)
+#       quantises its activation rows with it, and
 #   ggml/src/ggml-cpu/arch/x86/repack.cpp  ggml_quantize_mat_q8_0_4x8 (the repacked Q4_0 path, 4 rows at a time)
 #       applies the same rule ("Divided by 127.f to mirror results in quantize_row_q8_0").
 #   ggml/src/ggml-quants.c  quantize_row_q8_0_ref (the scalar reference, for platforms without a SIMD branch and
