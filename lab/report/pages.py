@@ -10,7 +10,8 @@ from lab.bench.schema import DEFAULT_OUT
 from lab.chapters.decode_step import below_graphed, eager_ratio, eager_text, slope_range  # chapter 07's eager rule
 from lab.paths import RECEIPTS
 from lab.provenance import portable_command
-from .realscale_fit import _s, fit_flags, fitted, fitted_time, full_text, gptq_text, off_line, pack_text
+from .realscale_fit import (_s, fit_flags, fitted, fitted_time, full_text, gptq_text, off_line, one_depth, one_depth_text,
+                            pack_text)
 from .runlog import summary_text
 from .decode import END, START, _f, _line, read, reading, refuse_partial
 from .targets import misses_table, targets
@@ -169,7 +170,9 @@ def realscale_table(receipts=RECEIPTS) -> str:
                 if a.get("full") and any(d.get("gate") for d in a.get("depths", {}).values()):
                     lines += ["", full_text(arch, a, r)]
                 ex = a.get("extrapolation") or {}
-                if not ex:
+                if ex and one_depth(a):       # no line through one point: the measured depth and GPTQ's rate only
+                    lines += ["", one_depth_text(arch, a)]
+                if not ex or one_depth(a):
                     continue
                 t, mem = ex["targets"], ex.get("memory") or {}
                 gof = t["gate_over_forwards"]

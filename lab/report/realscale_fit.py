@@ -92,8 +92,17 @@ def calib_tokens(depths: dict) -> tuple[int | None, bool]:
     """(calibration tokens per draw the depths ran, whether that is the README command's default)."""
     from int4lab.gate.cli import parser
     gates = _gates(depths)
-    tokens = gates[0][1]["settings"].get("calib_tokens") if gates else None
+    tokens = (gates[0][1].get("settings") or {}).get("calib_tokens") if gates else None
     return tokens, tokens == parser().get_default("calib_tokens")
+
+
+def used_tokens(depths: dict) -> int | None:
+    """Calibration tokens a draw actually held: whole sequences of `calib_len` (`calibration_ids` keeps
+    tokens // calib_len of them)."""
+    gates = _gates(depths)
+    st = (gates[0][1].get("settings") or {}) if gates else {}
+    t, n = st.get("calib_tokens"), st.get("calib_len")
+    return t // n * n if t and n else t
 
 
 def command_text(depths: dict) -> str:
@@ -176,13 +185,58 @@ def swept_text(arch: str, depths: dict) -> str:
     K, n = calib_need(arch)
     need = (f"; an expert needs `min_rows` = K = {K} routed rows, which even routing gives every expert from "
             f"{n:,} calibration tokens per draw, uneven routing only from more")
-    head = (f" With {tokens:,} calibration tokens per draw ({'the README' if default else 'not the README'}'s default) "
-            "GPTQ swept " + ", ".join(f"{_share(lo, hi, t)} at {_layers(L)}" for L, (lo, hi, t) in swept.items())
+    used = used_tokens(depths)
+    held = "" if used in (None, tokens) else f", of which a draw holds {used:,}: whole sequences of the window"
+    head = (f" With {tokens:,} calibration tokens per draw ({'the README' if default else 'not the README'}'s default"
+            f"{held}) GPTQ swept " + ", ".join(f"{_share(lo, hi, t)} at {_layers(L)}" for L, (lo, hi, t) in swept.items())
             + " (over the GPTQ arms whose rows the receipt's stored table holds)")
     if all(lo == t for lo, _, t in swept.values()):
         return head + ": every expert, so the sweeps' times are GPTQ's for all experts at this calibration size."
     return head + (f"; the rest fell back to round-to-nearest (fewer routed calibration rows than `min_rows`{need}), so "
-                   "the sweeps' times hold for that share under the synthetic checkpoint's routing, not for all experts.")
+                   "the sweeps' times hold for that share under the synthetic checkpoint's routing, not for all experts."
+                   + gptq_rate_text(arch, depths))
+
+
+def gptq_rate_text(arch: str, depths: dict) -> str:
+    """GPTQ's sweeps for every expert predicted from the swept experts' rate at the deepest depth that swept any:
+    sweeps per GPTQ arm / experts swept per arm (the middle of the arms' range) = seconds an expert; times every
+    expert of the published depth, times the README's GPTQ arms. "" where no expert was swept."""
+    from int4lab.archs import ARCHS
+    swept = {L: v for L, v in gptq_swept(depths).items() if v[0] > 0}
+    if not swept:
+        return ""
+    L = max(swept, key=int)
+    lo, hi, t = swept[L]
+    g, dft = depths[L]["gate"], (depths[L].get("defaults") or {}).get("gptq") or {}
+    arms, arms_def = (g.get("arms_by_kind") or {}).get("gptq", 0), dft.get("arms")
+    if not arms or not arms_def or g.get("gptq_sweep_s") is None:
+        return ""
+    rate = g["gptq_sweep_s"] / arms / ((lo + hi) / 2)
+    every = t // int(L) * ARCHS[arch].published.config["num_hidden_layers"]
+    per_arm = rate * every
+    return (f" At that routing GPTQ's rate, from the {_layers(L)} depth: {g['gptq_sweep_s']:.3g} s of column sweeps "
+            f"over {arms} GPTQ arms of {_share(lo, hi, t).split(' (')[0]} swept = {rate:.3g} s an expert (the "
+            f"experts+attn arms' attention sweeps are counted in it, so it leans high); every expert at the published "
+            f"depth ({every:,}) at that rate: {per_arm:.0f} s per GPTQ arm, {per_arm * arms_def:.0f} s "
+            f"({per_arm * arms_def / 60:.0f} min) for the README's {arms_def} GPTQ arms (a prediction from the swept "
+            f"experts' rate; the calibration forwards and the rest of the gate come on top).")
+
+
+def one_depth(a: dict) -> bool:
+    """True when the architecture's fits rest on one measured depth (no line: `fit_depths`' 'one depth' rule)."""
+    return any(str(v.get("fit", "")).startswith("one depth")
+               for v in ((a.get("extrapolation") or {}).get("fits") or {}).values())
+
+
+def one_depth_text(arch: str, a: dict) -> str:
+    """A fit-mode run that measured one depth: no full-depth time is read off it; what it holds is the measured
+    depth, the share GPTQ swept and GPTQ's rate."""
+    depths = a.get("depths", {})
+    missed = "; ".join(f"{_layers(L)} {'skipped: ' + d['skipped'] if d.get('skipped') else 'not measured: '}"
+                       f"{'' if d.get('skipped') else (d.get('error') or {}).get('error') or 'not run'}"
+                       for L, d in sorted(depths.items(), key=lambda kv: int(kv[0])) if not d.get("gate"))
+    return (f"One depth measured ({missed}): a line needs two, so no full-depth time or memory is read off this run"
+            + command_text(depths).replace(" with", "; it ran with") + "." + swept_text(arch, depths))
 
 
 def pack_text(path, r: dict, prov: str) -> str:
