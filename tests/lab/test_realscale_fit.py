@@ -101,3 +101,20 @@ def test_a_time_whose_part_is_off_the_line_is_undecided():
     got = fitted_time(fits, "gate_s")
     assert got == "undecided (the line does not describe `gate_s`, `forward_s`: a negative slope or fixed part)"
     assert fitted_time(fits, "score_s").startswith("undecided (contains `forward_s`")
+
+
+def test_gptq_over_every_expert_predicted_from_the_swept_rate():
+    from lab.report.realscale_fit import gptq_rate_text, one_depth, one_depth_text
+    g = {"settings": {"calib_tokens": 65536, "calib_len": 32768}, "arms_by_kind": {"gptq": 2}, "gptq_sweep_s": 12.0,
+         "source_bytes": {"cuda": 1}, "table": ["gptq PASS (GPTQ→RTN fallback: 5 of 8 experts)"]}
+    depths = {"1": {"gate": g, "defaults": {"gptq": {"arms": 6}}}, "2": {"skipped": "predicted 107 s, 70 s left"}}
+    t = gptq_rate_text("mixtral", depths)
+    # 12 s / 2 arms / 3 swept = 2 s an expert; 32 layers x 8 experts = 256 at that rate: 512 s an arm, 3072 s for 6
+    assert "= 2 s an expert" in t and "(256)" in t and "512 s per GPTQ arm, 3072 s (51 min)" in t
+    g["table"] = ["gptq PASS (GPTQ→RTN fallback: 8 of 8 experts)"]
+    assert gptq_rate_text("mixtral", depths) == ""                      # nothing swept: no rate
+    a = {"depths": depths, "extrapolation": {"fits": {"gate_s": {"fit": "one depth: fixed taken as 0"}}}}
+    assert one_depth(a) and not one_depth({"extrapolation": {"fits": {"gate_s": {"fit": "least squares"}}}})
+    text = one_depth_text("mixtral", a)
+    assert text.startswith("One depth measured (2 layers skipped: predicted 107 s, 70 s left)")
+    assert "it ran with `--calib-tokens 65536`" in text and "of which a draw holds" not in text   # 2 whole windows
