@@ -100,3 +100,18 @@ def test_pages_rewrite_fills_the_block(tmp_path):
     pages.put(page, "--pages", generate_text(tmp_path), GENERATE_START, GENERATE_END)
     assert "not yet measured" in pages.text[page] and "old" not in pages.text[page]
     assert pages.text[page].endswith(f"{GENERATE_END}\ntail\n")
+
+
+def test_chapter_target_reads_the_receipts(receipts, tmp_path):
+    from lab.chapters import decode_targets as tg
+    d, _ = receipts
+    t = tg.generate_target("mixtral", d)              # eager: its one int4 state decided slower -> missed
+    assert t["met"] is False and t["modes"] == {"eager": False} and "compiled: not measured" in t["what"]
+    assert tg.status(tg.generate_target("olmoe", d)).startswith("not measured")
+    rec = synthetic(random.Random())
+    r = rec["archs"]["mixtral"]["modes"]["eager"]["ratios"]["int4/bf16"]["4"]
+    r.update(lo=0.9, hi=1.2, verdict="undecided")
+    (tmp_path / "u").mkdir()
+    (tmp_path / "u" / "generate_u_x.json").write_text(json.dumps(rec))
+    t = tg.generate_target("mixtral", tmp_path / "u")     # undecided eager, compiled not measured -> undecided
+    assert t["met"] is None and tg.status(t).startswith("undecided (eager: int4/bf16 undecided")
