@@ -229,8 +229,7 @@ def targets(rec: dict) -> list[dict]:
                                    _verdict(g["over_floor"], "<=", 2.0, [g["row"]]), rows=[row_name(arch, g["row"])])
                            if g else
                            _target(arch, "graphed_floor", key, name, None, 2.0, "", not_measured=_absent(a, b, c)))
-        out.append(_target(arch, "generate", None, GENERATE, None, None, "", not_measured=(
-            "this benchmark times one step over a static cache, eager, graphed or compiled, not generate")))
+        out.append(generate_target(arch))
         # the greedy check decodes the benchmark's deepest random-weight model (its 1 or 2 layers, not the published
         # depth) at the batch the receipt records: its target says so
         gr, depth = a["greedy"], max(a.get("depths") or [0])
@@ -239,6 +238,35 @@ def targets(rec: dict) -> list[dict]:
                                f"(batch {gr.get('batch', 1)}, {depth}-layer random-weight model)", g["first_mismatch"],
                                None, "first mismatch", (bool(g["equal"]), None)))
     return out
+
+
+def generate_target(arch: str, receipts=None) -> dict:
+    """The `generate` target from the generate receipts (`python -m lab.decode_step.generate`, not this benchmark,
+    which times one step over a static cache): a mode is met where some int4 state's per-round ratio over bf16 is
+    "int4 faster" at the deepest depth (its median's interval wholly above 1), missed where every state's is "int4
+    slower"; the target is met where eager and compiled are both met, missed where either is missed, else undecided
+    (a mode not measured leaves it undecided); not measured without a receipt for `arch`."""
+    from lab.paths import RECEIPTS
+    from lab.report.generate import verdicts
+    from lab.report import read
+    found = {p.name: read(p) for p in sorted(Path(receipts or RECEIPTS).glob("generate*_*.json"))}
+    per_mode: dict = {}                                      # mode: [(verdict, its text)] at the deepest depth
+    for name, rec in found.items():
+        vs = [v for v in verdicts(rec) if v["arch"] == arch]
+        deep = max((v["depth"] for v in vs), default=None)
+        for v in [v for v in vs if v["depth"] == deep]:
+            per_mode.setdefault(v["mode"], []).append((v["verdict"], f"{v['ratio']} {v['verdict']} ({name}, {deep} "
+                                                                     f"layers)"))
+    if not per_mode:
+        return _target(arch, "generate", None, GENERATE, None, None, "", not_measured=(
+            "no generate receipt measures this model (data/receipts/generate*_*.json)"))
+    state = {m: True if any(v == "int4 faster" for v, _ in got) else
+             False if all(v == "int4 slower" for v, _ in got) else None for m, got in per_mode.items()}
+    why = "; ".join([f"{m}: {', '.join(t for _, t in got)}" for m, got in per_mode.items()] +
+                    [f"{m}: not measured" for m in ("eager", "compiled") if m not in per_mode])
+    met = False if False in state.values() else True if state.get("eager") and state.get("compiled") else None
+    return _target(arch, "generate", None, GENERATE, None, None, why, (met, why if met is None else None),
+                   modes=state)
 
 
 def replicated(rec: dict, path: Path, commit: str = REPLACED) -> tuple[dict, bool]:

@@ -1,7 +1,7 @@
 """RESULTS.md, the README's layout and the kernel notes' misses, and chapter 05's figures, generated from the
 receipts (never typed by hand). One module per kind of block: decode.py (the decode receipt's tables),
-targets.py (the named targets), figures.py, pages.py (the other receipts' blocks), layout.py (the README's
-tree), cli.py.
+targets.py (the named targets), figures.py, pages.py (the other receipts' blocks), generate.py (`generate`'s
+tokens/s), layout.py (the README's tree), cli.py.
 
     python -m lab.report                              # print the decode block for the current decode receipt
     python -m lab.report --results RESULTS.md         # rewrite RESULTS.md's generated blocks (between its markers)
@@ -42,6 +42,7 @@ from .pages import (  # noqa: F401
     REALSCALE_END, realscale_table, warmup_text, DECODE_STEP_START, DECODE_STEP_END, decode_step_table,
     render_results, TARGETS_START, TARGETS_END, MISSES_START, MISSES_END, LAYOUT_START, LAYOUT_END,
     misses_block)
+from .generate import GENERATE_START, GENERATE_END, generate_text, verdicts  # noqa: F401
 from .layout import (  # noqa: F401
     LAYOUT, tracked_files, folder_sizes, layout_block)
 from .cli import (  # noqa: F401

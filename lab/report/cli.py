@@ -7,11 +7,17 @@ from pathlib import Path
 
 from lab.bench.schema import DEFAULT_OUT
 from .decode import ANCHORS, END, START, anchor_rows, load, reading, refuse_partial
+from .generate import GENERATE_END, GENERATE_START, generate_text
 from .layout import layout_block
 from .pages import (DECODE_STEP_END, DECODE_STEP_START, LAYOUT_END, LAYOUT_START, MISSES_END, MISSES_START,
                     REALSCALE_END, REALSCALE_START, RESULTS_END, RESULTS_START, TARGETS_END, TARGETS_START,
                     decode_step_table, misses_block, realscale_table, render_results, replace_block)
 from .targets import paired_ratios, render, repeat_of, run_to_run, target_definitions
+
+# the blocks any page may hold, each rewritten where its start marker is found
+PAGE_BLOCKS = ((REALSCALE_START, REALSCALE_END, realscale_table),
+               (DECODE_STEP_START, DECODE_STEP_END, decode_step_table),
+               (GENERATE_START, GENERATE_END, generate_text))
 
 
 class Pages:
@@ -63,15 +69,12 @@ def plan(args, pages: Pages) -> str | None:
         text = pages.get(args.results, "--results")
         pages.put(args.results, "--results", block, START, END)
         for start, end, fn in ((TARGETS_START, TARGETS_END, target_definitions),
-                               (RESULTS_START, RESULTS_END, render_results),
-                               (REALSCALE_START, REALSCALE_END, realscale_table),
-                               (DECODE_STEP_START, DECODE_STEP_END, decode_step_table)):
+                               (RESULTS_START, RESULTS_END, render_results), *PAGE_BLOCKS):
             if start in text:
                 pages.put(args.results, "--results", fn(), start, end)
     for page in args.pages:
         text = pages.get(page, "--pages")
-        for start, end, fn in ((REALSCALE_START, REALSCALE_END, realscale_table),
-                               (DECODE_STEP_START, DECODE_STEP_END, decode_step_table)):
+        for start, end, fn in PAGE_BLOCKS:
             if start in text:
                 pages.put(page, "--pages", fn(), start, end)
     if args.notes:
@@ -92,7 +95,8 @@ def main(argv=None) -> int:
     ap.add_argument("--notes", type=Path, default=None,
                     help="rewrite this file's misses block (notes/kernels.md): the targets the receipt misses")
     ap.add_argument("--pages", type=Path, nargs="*", default=[],
-                    help="other pages whose real-width and decode-step blocks to rewrite (notes/realscale.md)")
+                    help="other pages whose real-width, decode-step and generate blocks to rewrite "
+                         "(notes/realscale.md, notes/decode_step.md)")
     ap.add_argument("--anchors", type=Path, default=ANCHORS, help="folder with recorded llama.cpp timings")
     args = ap.parse_args(argv)
     if not args.anchors.is_dir():

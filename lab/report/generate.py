@@ -1,0 +1,117 @@
+"""The `generate` receipts' block (`python -m lab.decode_step.generate`): the tokens/s a user gets from transformers'
+`generate`, int4 and int4_fused against bf16, per model, depth and mode, with what was not measured."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from lab.paths import RECEIPTS
+from lab.provenance import portable_command
+from .decode import _line, read, reading
+from .pages import _prov
+
+GENERATE_START, GENERATE_END = "<!-- generate:start -->", "<!-- generate:end -->"
+STATES = ("bf16", "int4", "int4_fused")
+MODES = ("eager", "compiled")
+RATIOS = ("int4/bf16", "int4_fused/bf16")
+VERDICTS = ("int4 faster", "int4 slower", "undecided")
+
+
+def verdict_rule(lo: float, hi: float) -> str:
+    """The receipt's rule: "int4 faster" only when the median's interval lies wholly above 1, "int4 slower" wholly
+    below, else "undecided"."""
+    return "int4 faster" if lo > 1 else "int4 slower" if hi < 1 else "undecided"
+
+
+def verdicts(rec: dict) -> list[dict]:
+    """Every ratio the receipt decides: {arch, depth, mode, ratio, median, lo, hi, verdict} (verdict as recorded)."""
+    out = []
+    for arch, a in sorted(rec.get("archs", {}).items()):
+        for mode, m in a.get("modes", {}).items():
+            for name, by_depth in (m.get("ratios") or {}).items():
+                for depth, r in sorted(by_depth.items(), key=lambda kv: int(kv[0])):
+                    if "median" in r:
+                        out.append({"arch": arch, "depth": int(depth), "mode": mode, "ratio": name,
+                                    **{k: r[k] for k in ("median", "lo", "hi", "verdict")}})
+    return out
+
+
+def _tps(row: dict | None, depth) -> str:
+    s = ((row or {}).get("depths", {}).get(str(depth)) or {}).get("tokens_per_s_spread")
+    return f"{s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f})" if s else "–"
+
+
+def _ratio(m: dict, name: str, depth) -> str:
+    r = (m.get("ratios") or {}).get(name, {}).get(str(depth))
+    if not r:
+        return "–"
+    if "median" not in r:
+        return r.get("verdict", "–") + (f" ({r['note']})" if r.get("note") else "")
+    return f"{r['median']:.2f}× ({r['lo']:.2f}–{r['hi']:.2f}), {r['verdict']}"
+
+
+def _stable(m: dict) -> str:
+    st = m.get("stable") or {}
+    return ", ".join(f"{s} {'yes' if st[s] else 'no'}" for s in STATES if s in st) or "–"
+
+
+def _missing(rec: dict, arch: str, a: dict) -> list[str]:
+    """What the receipt did not measure for `arch`: the modes absent, its `skipped` and `errors` rows (the
+    architecture's and each mode's)."""
+    out = []
+    asked = rec.get("settings", {}).get("modes", list(MODES))
+    for mode in MODES:
+        if mode not in a.get("modes", {}) and mode not in a.get("errors", {}):
+            why = next((k["why"] for k in a.get("skipped", []) if k.get("what") == mode), None)
+            out.append(f"{mode}: {'not run' if mode not in asked else 'not in the receipt'}"
+                       + (f" ({why})" if why else ""))
+    rows = [(k["what"], f"skipped ({k['why']})") for k in a.get("skipped", []) if k.get("what") not in MODES]
+    rows += [(k, f"error: {e['error']}") for k, e in a.get("errors", {}).items()]
+    for mode, m in a.get("modes", {}).items():
+        rows += [(k["what"], f"skipped ({k['why']})") for k in m.get("skipped", [])]
+        rows += [(f"{mode} {k}", f"error: {e['error']}") for k, e in m.get("errors", {}).items()]
+    return out + [f"{what}: {why}" for what, why in rows]
+
+
+def receipt_text(path, rec: dict) -> str:
+    """One receipt's paragraph and table."""
+    s = rec.get("settings", {})
+    head = (f"`data/receipts/{Path(path).name}` ({_prov(rec)}, transformers {rec.get('transformers', '?')}; "
+            f"`{portable_command(rec.get('command'))}`): batch 1, prompt {s.get('prompt')}, {s.get('new')} new "
+            f"tokens, greedy, {s.get('rounds')} paired rounds, random weights at the "
+            f"{'published' if s.get('width') == 'real' else s.get('width')} width"
+            + ("" if rec.get("complete") else "; **incomplete** (the run stopped before its end)") + ".")
+    lines = [head, "", "| model | layers | mode | rounds | tokens/s bf16 | tokens/s int4 | tokens/s int4_fused | "
+             "int4 / bf16 | int4_fused / bf16 | greedy tokens stable over rounds |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for arch, a in sorted(rec.get("archs", {}).items()):
+        for mode, m in a.get("modes", {}).items():
+            for d in a.get("depths", []):
+                rows = m.get("rows", {})
+                lines.append(_line([arch, f"{d} of {a.get('full_layers', '?')}", mode, m.get("rounds", "–"),
+                                    *(_tps(rows.get(st), d) for st in STATES),
+                                    *(_ratio(m, r, d) for r in RATIOS), _stable(m)]))
+        miss = _missing(rec, arch, a)
+        notes.append(f"{arch}, not measured: " + ("; ".join(miss) if miss else "nothing") + ".")
+    if len(lines) == 4:
+        lines.append(_line(["–"] * 10))
+    return "\n".join(lines + ["", *notes])
+
+
+def generate_text(receipts_dir=RECEIPTS) -> str:
+    """Every `generate*_*.json` in `receipts_dir`: provenance, tokens/s per state (median, min–max over rounds), the
+    int4 / bf16 and int4_fused / bf16 per-round ratios' medians with their 95 % intervals and the receipt's verdicts,
+    greedy stability, and what was not measured; "not yet measured" where there is no such receipt."""
+    found = sorted(Path(receipts_dir).glob("generate*_*.json"))
+    if not found:
+        return ("`generate` tokens/s: not yet measured (no `data/receipts/generate*_*.json`; run "
+                "`python -m lab.decode_step.generate --out data/receipts/generate_<card>.json` on a CUDA machine).")
+    out = []
+    for path in found:
+        rec = read(path)
+        with reading(path):
+            out.append(receipt_text(path, rec))
+    legend = ("tokens/s: median (min–max) over the rounds, (N − 1) / (t(N) − t(1)) per round; a ratio: the "
+              "median of the per-round ratios (its 95 % distribution-free interval) and the receipt's "
+              "verdict: a state faster or slower only when that interval lies wholly above or below 1.")
+    return "\n\n".join(out + [legend])
