@@ -256,7 +256,7 @@ def below_graphed(arch_rec: dict, row) -> float | None:
     eager slope's whole sample range lies below it, else None. Graphing removes the host's launches, not the device's
     work, and an eager step is timed between synchronisations, so at depth an eager layer costs at least its graphed
     one: a slope below it is the host time the second layer added while the step was host-bound, not one layer's
-    cost, and the two-depth line falls below the device time as layers are added."""
+    cost, and the two-depth line falls below its kernels' time on the GPU as layers are added."""
     if row["run"] != "eager" or not row.get("samples_us"):
         return None
     g = _row(arch_rec, row["state"], row["impl"], "graphed", row["batch"], row["context"])
@@ -331,7 +331,7 @@ def eager_text(e: dict) -> str:
         if e.get("graphed"):
             name, lo, hi, g = e["graphed"][0]
             return (f"undecided ({name}'s eager slope, {lo:,.0f}–{hi:,.0f} µs, lies below its own graphed layer, "
-                    f"{g:,.0f} µs: not one layer's cost, its two-depth line falls below the device time with depth)")
+                    f"{g:,.0f} µs: not one layer's cost, its two-depth line falls below its GPU time with depth)")
         fixed = lambda st, lo, hi: (f"{st} {span_text(lo, hi)}"      # noqa: E731
                                     + (" (the two-depth line fails)" if hi <= 0 else ""))
         return f"undecided (fixed part: {fixed(*e['fixed'][0])}; {fixed(*e['fixed'][1])})"
