@@ -11,7 +11,7 @@ from lab.chapters.decode_step import below_graphed, eager_ratio, eager_text, slo
 from lab.paths import RECEIPTS
 from lab.provenance import portable_command
 from .realscale_fit import (_s, fit_flags, fitted, fitted_time, full_text, gptq_text, off_line, one_depth, one_depth_text,
-                            pack_text)
+                            pack_text, two_depths)
 from .runlog import summary_text
 from .decode import END, START, _f, _line, read, reading, refuse_partial
 from .targets import misses_table, targets
@@ -180,9 +180,11 @@ def realscale_table(receipts=RECEIPTS) -> str:
                 why = lambda ks: (f"undecided (the line does not describe {', '.join(f'`{k}`' for k in ks)}: "  # noqa: E731
                                   "a negative slope or fixed part)")
                 # the quick settings the depths ran: the targets are the README command's (the GPTQ line below)
-                time_cell = (fitted_time(ex["fits"], "gate_s")
-                             or f"**{_s(t['gate_s']['value'])}** (quick settings)")
-                gof_cell = why(flagged) if flagged else f"**{gof['value']:.1f}** (quick settings)"
+                two = two_depths(ex["fits"]["gate_s"])      # a line through two points: shown, never bold
+                mark = (lambda v: f"{v} (quick settings; through two depths, untested)") if two else \
+                    (lambda v: f"**{v}** (quick settings)")                                    # noqa: E731
+                time_cell = fitted_time(ex["fits"], "gate_s") or mark(_s(t['gate_s']['value']))
+                gof_cell = why(flagged) if flagged else mark(f"{gof['value']:.1f}")
                 lines.append(_line([arch, f"**{ex['full_layers']} (fitted)**", time_cell,
                                     fitted_time(ex["fits"], "build_s") or fitted(ex["fits"], "build_s"),
                                     fitted_time(ex["fits"], "score_s") or fitted(ex["fits"], "score_s"), "–", gof_cell,
@@ -194,6 +196,8 @@ def realscale_table(receipts=RECEIPTS) -> str:
                     lines += ["", gptq_text(arch, ex, a.get("depths", {}), r["settings"].get("card_bytes"), fitted, _gb)]
                 warn = [f"`{k}`" for k, v in ex["fits"].items() if off_line(v)]
                 lines += ["", f"Fitted rows: {r['settings']['extrapolation']}; memory: {mem.get('formula', '–')}."
+                          + (" Through two depths each line passes through both points, so no depth tests it: its "
+                             "full-depth figures are the line's, undecided against any target." if two else "")
                           + (f" Fits the line does not describe (a negative slope: a deeper run measured less; or a "
                              f"negative fixed part: the depths grow faster than the line), so they decide nothing and "
                              f"are not shown: {', '.join(warn)}." if warn else "")]

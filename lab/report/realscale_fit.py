@@ -16,9 +16,15 @@ def _s(x) -> str:
 
 
 def off_line(f: dict) -> bool:
-    """A fit the fixed + layers x per_layer line does not describe: a negative slope (a deeper run measured less) or
-    a negative fixed part (the depths grow faster than the line, so its slope overstates nothing it can vouch for)."""
-    return bool(f.get("warning")) or (f.get("fixed") or 0) < 0
+    """A fit the fixed + layers x per_layer line does not describe: a negative slope (a deeper run measured less) or,
+    through three or more depths, a negative fixed part (the depths grow faster than the line). A line through two
+    depths passes through both: its fixed part tests nothing (`two_depths`)."""
+    return bool(f.get("warning")) or ((f.get("fixed") or 0) < 0 and not two_depths(f))
+
+
+def two_depths(f: dict) -> bool:
+    """True for a line through exactly two depths: it passes through both points, so no depth tests it."""
+    return len(f.get("points") or {}) == 2
 
 
 def fit_flags(fits: dict) -> list:
@@ -135,6 +141,8 @@ def gptq_text(arch: str, ex: dict, depths: dict, card_bytes, fitted, gb) -> str:
         # a part of the total the line does not describe leaves the total's verdict open, however straight it looks
         off = [k for k in ("gptq_sweep_default_s", "gptq_forward_default_s") if k in f and fitted(f, k) == "undecided"]
         verdict = ("" if not t.get("target") else f" (target ≤ {t['target']:.0f} s: undecided)" if v == "undecided"
+                   else f" (target ≤ {t['target']:.0f} s: undecided, a line through two depths is not tested by "
+                        "either)" if two_depths(d)
                    else f" (target ≤ {t['target']:.0f} s: undecided, the line does not describe its part "
                         + ", ".join(f"`{k}`" for k in off) + ")" if off
                    else f" (target ≤ {t['target']:.0f} s: "
@@ -214,9 +222,11 @@ def gptq_rate_text(arch: str, depths: dict) -> str:
     rate = g["gptq_sweep_s"] / arms / ((lo + hi) / 2)
     every = t // int(L) * ARCHS[arch].published.config["num_hidden_layers"]
     per_arm = rate * every
+    stored = sum(bool(_FALLBACK.search(line)) for line in g.get("table") or [])
     return (f" At that routing GPTQ's rate, from the {_layers(L)} depth: {g['gptq_sweep_s']:.3g} s of column sweeps "
-            f"over {arms} GPTQ arms of {_share(lo, hi, t).split(' (')[0]} swept = {rate:.3g} s an expert (the "
-            f"experts+attn arms' attention sweeps are counted in it, so it leans high); every expert at the published "
+            f"over {arms} GPTQ arms of {_share(lo, hi, t).split(' (')[0]} swept = {rate:.3g} s an expert (the swept "
+            f"counts are those of the stored table's GPTQ rows, {stored} rows, taken for every arm; the experts+attn "
+            f"arms' attention sweeps are counted in the rate, so it leans high); every expert at the published "
             f"depth ({every:,}) at that rate: {per_arm:.0f} s per GPTQ arm, {per_arm * arms_def:.0f} s "
             f"({per_arm * arms_def / 60:.0f} min) for the README's {arms_def} GPTQ arms (a prediction from the swept "
             f"experts' rate; the calibration forwards and the rest of the gate come on top).")

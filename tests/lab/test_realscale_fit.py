@@ -118,3 +118,12 @@ def test_gptq_over_every_expert_predicted_from_the_swept_rate():
     text = one_depth_text("mixtral", a)
     assert text.startswith("One depth measured (2 layers skipped: predicted 107 s, 70 s left)")
     assert "it ran with `--calib-tokens 65536`" in text and "of which a draw holds" not in text   # 2 whole windows
+
+
+def test_a_line_through_two_depths_tests_nothing():
+    from lab.report.realscale_fit import off_line, two_depths
+    two = {"points": {"1": 2.07, "2": 4.18}, "fixed": -0.04, "per_layer": 2.11}
+    three = {"points": {"1": 1.0, "2": 2.4, "3": 8.4}, "fixed": -3.2, "per_layer": 3.7}
+    assert two_depths(two) and not off_line(two)            # a tiny negative fixed part through two points: no verdict
+    assert off_line(three) and not two_depths(three)
+    assert off_line({**two, "warning": "per_layer < 0"})     # a falling slope is off the line at any depth count
