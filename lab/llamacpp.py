@@ -20,11 +20,12 @@ Arms:
           block's combined output rounded to bf16; attention stays float32) vs its Q4_0 GGUF
           (llama.cpp's CPU path quantises activations to Q8_0 per 32 with an fp16 scale, keeps the
           projection outputs and the expert combine in float32, and sums the int8 x int4 products in integers
-          before scaling them: the whole 32-product block in the repacked Q4_0 kernels, groups of four in the
-          non-repacked x86 `ggml_vec_dot_q4_0_q8_0`, each group then scaled and added in float. The experts'
-          `MUL_MAT_ID` is served by one of these two, not recorded which; llamafile's sgemm and the AMX path
-          take `MUL_MAT` only (read in ggml-org/ggml d99724f), so in these expert-only arms neither touches a
-          Q4_0 weight).
+          before scaling them. The rest of this note was read in ggml-org/ggml d99724f's x86 sources, not in
+          the llama.cpp 0c1e57098 that llama-cpp-python 0.3.36 vendors, and was not measured: the whole
+          32-product block in the repacked Q4_0 kernels, groups of four in the non-repacked
+          `ggml_vec_dot_q4_0_q8_0`, each group then scaled and added in float. The experts' `MUL_MAT_ID` is
+          served by one of these two, not recorded which; llamafile's sgemm and the AMX path take `MUL_MAT`
+          only, so in these expert-only arms neither touches a Q4_0 weight).
 For each arm: both perplexities, the relative difference with a paired bootstrap CI over documents,
 the |delta log-prob| of the scored tokens (max, mean) and the top-1 agreement of the two engines.
 """
@@ -292,8 +293,8 @@ def llamacpp_numerics(activations: str = "q8_0", outputs: str = "fp32"):
     scale). outputs "fp32": each quantised projection's output and the expert combine stay float32, as ggml's are; "bf16":
     each rounded to bf16 as our kernels do. ("q8_0", "fp32") is llama.cpp's side in these two respects only: the
     matmuls still multiply dequantised values in float32 (ggml multiplies integer partial sums, per 32-product block
-    or per four products depending on the kernel, by the product of the two fp16 scales), in torch's summation
-    order, not ggml's; ("ours", "bf16") computes what our model computes without the
+    or per four products depending on the kernel as read in ggml d99724f, by the product of the two fp16 scales),
+    in torch's summation order, not ggml's; ("ours", "bf16") computes what our model computes without the
     context, bit for bit (tests/lab/test_llamacpp.py); the two mixed ones change one half at a time (which changes
     close the gap; mean |delta log p| does not split it into shares).
     """

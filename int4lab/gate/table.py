@@ -87,7 +87,10 @@ def extra_lines(payload: dict) -> list[str]:
 
 def format_table(payload: dict) -> str:
     """The CLI's table: arm, text, held-out tokens, ppl (all documents), Δ% [95% CI] and KL [95% CI] on the
-    held-out documents, top-1, verdict (held-out; plain text, aligned); then `extra_lines`."""
+    held-out documents, top-1, verdict (held-out; plain text, aligned); then `extra_lines`. The source row's
+    tokens are all documents'. The precision-floor row ("source <dtype> (floor)") is printed under the same
+    "held-out" headers, but its tokens, Δ%, KL and top-1 are over every floor_stride-th document of the whole text
+    (both halves), not over the held-out documents."""
     head = ["arm", "text", "tokens", "ppl", "Δ% held-out [95% CI]", "KL held-out [95% CI]", "top-1", "verdict"]
     body = [[r["arm"], r["text"], str(r["tokens"]), f"{r['ppl']:.3f}", "" if r["delta"] is None else _pct(r["delta"]),
              "" if r["kl"] is None else _kl(r["kl"]), "" if r["top1"] is None else f"{r['top1']:.2%}",
