@@ -25,7 +25,9 @@ def test_swept_share_and_placement_read_from_the_depths():
 def test_the_line_prints_each_fit_with_its_own_points():
     fit = lambda *v: {"points": dict(zip("12", v)), "full_depth": 100.0}                     # noqa: E731
     ex = {"full_layers": 48, "fits": {"gptq_sweep_default_s": fit(5.3, 10.3), "gptq_forward_default_s": fit(0.94, 1.7),
-                                      "gpu_peak_bytes": {"full_depth": 2e11}, "default_gate_s": fit(150.0, 180.0)},
+                                      "gpu_peak_bytes": {"full_depth": 2e11},
+                                      "default_gate_s": {"points": {"1": 150.0, "2": 180.0, "3": 210.0},
+                                                         "full_depth": 100.0}},
           "targets": {"gate_s": {"target": 3600.0}},
           "device_map_cap": {"gpu_cap_bytes": 70 * 2 ** 30, "source_gpu_bytes_full_depth": 6.1e10,
                              "source_exceeds_cap": False}}
@@ -42,6 +44,9 @@ def test_the_line_prints_each_fit_with_its_own_points():
     ex["fits"]["gpu_peak_bytes"]["full_depth"] = 1e10
     assert "(target ≤ 3600 s: met)" in gptq_text("qwen3_moe", ex, _depths(), 8.5e10,
                                                    lambda f, k, *a: f"{f[k]['full_depth']:.0f} s", str)
+    ex["fits"]["default_gate_s"] = fit(150.0, 180.0)                  # through two depths: nothing tests the line
+    assert "undecided, a line through two depths is not tested" in gptq_text(
+        "qwen3_moe", ex, _depths(), 8.5e10, lambda f, k, *a: f"{f[k]['full_depth']:.0f} s", str)
 
 
 def test_calibration_tokens_that_reach_every_expert():
