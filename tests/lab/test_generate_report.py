@@ -97,6 +97,9 @@ def test_fuse_decode_default_state_is_shown_as_int4_fused2(tmp_path):
     assert not re.search(r"\bint4_fused\b(?!`)", text.replace("`int4_fused`", ""))     # only quoted as the receipt's
     assert shown("int4_fused/bf16") == "int4_fused2/bf16" and shown("int4_fused2") == "int4_fused2"
     assert shown("int4/bf16") == "int4/bf16"
+    from lab.chapters import decode_targets as tg
+    why = tg.status(tg.generate_target("mixtral", tmp_path))          # the chapter's target names it so too
+    assert "int4_fused2/bf16" in why and "int4_fused/" not in why
 
 
 def test_verdicts_are_the_receipts_and_follow_the_rule(receipts):
