@@ -247,7 +247,7 @@ def generate_target(arch: str, receipts=None) -> dict:
     slower"; the target is met where eager and compiled are both met, missed where either is missed, else undecided
     (a mode not measured leaves it undecided); not measured without a receipt for `arch`."""
     from lab.paths import RECEIPTS
-    from lab.report.generate import verdicts
+    from lab.report.generate import shown, verdicts
     from lab.report import read
     found = {p.name: read(p) for p in sorted(Path(receipts or RECEIPTS).glob("generate*_*.json"))}
     per_mode: dict = {}                                      # mode: [(verdict, its text)] at the deepest depth
@@ -255,7 +255,7 @@ def generate_target(arch: str, receipts=None) -> dict:
         vs = [v for v in verdicts(rec) if v["arch"] == arch]
         deep = max((v["depth"] for v in vs), default=None)
         for v in [v for v in vs if v["depth"] == deep]:
-            per_mode.setdefault(v["mode"], []).append((v["verdict"], f"{v['ratio']} {v['verdict']} ({name}, {deep} "
+            per_mode.setdefault(v["mode"], []).append((v["verdict"], f"{shown(v['ratio'])} {v['verdict']} ({name}, {deep} "
                                                                      f"layers)"))
     if not per_mode:
         return _target(arch, "generate", None, GENERATE, None, None, "", not_measured=(

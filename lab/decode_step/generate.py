@@ -249,7 +249,9 @@ def run_mode(models: dict, mode: str, ids, args, left, log) -> dict:
 
 
 def build_states(arch: str, args, dev: str) -> tuple[dict, dict]:
-    """{state: model} at the deepest depth (the states of --states that could be formed), {state: error} else."""
+    """{state: model} at the deepest depth (the states of --states that could be formed), {state: error} else.
+    int4_fused is `fuse_decode(model)` with its defaults (attention and add + norm fused too): the form the decode-step
+    benchmark calls int4_fused2 (lab.report.generate shows it under that name)."""
     from int4lab.quantize import fuse_decode, quantize_model
     models, errors = {"bf16": M.build(arch, max(args.layers), args.width, dev, torch.bfloat16, seed=args.seed)}, {}
     steps = (("int4", "bf16", lambda m: quantize_model(m, "rtn", "experts+attn", progress=False)[0]),

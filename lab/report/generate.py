@@ -1,7 +1,12 @@
 """The `generate` receipts' block (`python -m lab.decode_step.generate`): the tokens/s a user gets from transformers'
-`generate`, int4 and int4_fused against bf16, per model, depth and mode, with what was not measured."""
+`generate`, int4 and int4_fused2 against bf16, per model, depth and mode, with what was not measured.
+
+The receipts name the state int4 through `fuse_decode(model)` (its defaults: attention and add + norm fused too)
+`int4_fused`; the decode-step benchmark calls that form `int4_fused2` and keeps `int4_fused` for the form without
+the attention and add + norm launches, so the block shows it under `int4_fused2` (`shown`)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from lab.paths import RECEIPTS
@@ -14,6 +19,14 @@ STATES = ("bf16", "int4", "int4_fused")
 MODES = ("eager", "compiled")
 RATIOS = ("int4/bf16", "int4_fused/bf16")
 VERDICTS = ("int4 faster", "int4 slower", "undecided")
+# receipt state name -> the decode-step benchmark's name for the same form (fuse_decode's defaults)
+SHOWN = {"int4_fused": "int4_fused2"}
+
+
+def shown(text: str) -> str:
+    """`text` (a state, a ratio such as "int4_fused/bf16", a row label) with each receipt state name replaced by its
+    name in `SHOWN`: whole names only, so a name already shown is left as it is."""
+    return re.sub(r"\b(" + "|".join(map(re.escape, SHOWN)) + r")\b", lambda m: SHOWN[m.group(1)], text)
 
 
 def verdict_rule(lo: float, hi: float) -> str:
@@ -51,7 +64,7 @@ def _ratio(m: dict, name: str, depth) -> str:
 
 def _stable(m: dict) -> str:
     st = m.get("stable") or {}
-    return ", ".join(f"{s} {'yes' if st[s] else 'no'}" for s in STATES if s in st) or "–"
+    return ", ".join(f"{shown(s)} {'yes' if st[s] else 'no'}" for s in STATES if s in st) or "–"
 
 
 def _missing(rec: dict, arch: str, a: dict) -> list[str]:
@@ -69,7 +82,7 @@ def _missing(rec: dict, arch: str, a: dict) -> list[str]:
     for mode, m in a.get("modes", {}).items():
         rows += [(k["what"], f"skipped ({k['why']})") for k in m.get("skipped", [])]
         rows += [(f"{mode} {k}", f"error: {e['error']}") for k, e in m.get("errors", {}).items()]
-    return out + [f"{what}: {why}" for what, why in rows]
+    return out + [f"{shown(what)}: {why}" for what, why in rows]
 
 
 def receipt_text(path, rec: dict) -> str:
@@ -80,8 +93,8 @@ def receipt_text(path, rec: dict) -> str:
             f"tokens, greedy, {s.get('rounds')} paired rounds, random weights at the "
             f"{'published' if s.get('width') == 'real' else s.get('width')} width"
             + ("" if rec.get("complete") else "; **incomplete** (the run stopped before its end)") + ".")
-    lines = [head, "", "| model | layers | mode | rounds | tokens/s bf16 | tokens/s int4 | tokens/s int4_fused | "
-             "int4 / bf16 | int4_fused / bf16 | greedy tokens stable over rounds |",
+    lines = [head, "", "| model | layers | mode | rounds | " + " | ".join(f"tokens/s {shown(st)}" for st in STATES)
+             + " | " + " | ".join(shown(r).replace("/", " / ") for r in RATIOS) + " | greedy tokens stable over rounds |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for arch, a in sorted(rec.get("archs", {}).items()):
@@ -100,7 +113,7 @@ def receipt_text(path, rec: dict) -> str:
 
 def generate_text(receipts_dir=RECEIPTS) -> str:
     """Every `generate*_*.json` in `receipts_dir`: provenance, tokens/s per state (median, min–max over rounds), the
-    int4 / bf16 and int4_fused / bf16 per-round ratios' medians with their 95 % intervals and the receipt's verdicts,
+    int4 / bf16 and int4_fused2 / bf16 per-round ratios' medians with their 95 % intervals and the receipt's verdicts,
     greedy stability, and what was not measured; "not yet measured" where there is no such receipt."""
     found = sorted(Path(receipts_dir).glob("generate*_*.json"))
     if not found:
@@ -113,5 +126,8 @@ def generate_text(receipts_dir=RECEIPTS) -> str:
             out.append(receipt_text(path, rec))
     legend = ("tokens/s: median (min–max) over the rounds, (N − 1) / (t(N) − t(1)) per round; a ratio: the "
               "median of the per-round ratios (its 95 % distribution-free interval) and the receipt's "
-              "verdict: a state faster or slower only when that interval lies wholly above or below 1.")
+              "verdict: a state faster or slower only when that interval lies wholly above or below 1. int4_fused2: "
+              "int4 then `fuse_decode(model)` with its defaults (`attention=True, add_norm=True`), the receipt's "
+              "`int4_fused` state and the decode-step benchmark's int4_fused2; whether its one-launch attention "
+              "took its fast path in `generate`'s loop (else the stock attention runs) is not recorded.")
     return "\n\n".join(out + [legend])

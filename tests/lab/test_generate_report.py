@@ -8,7 +8,7 @@ import pytest
 
 from lab.bench.decide import median_ci
 from lab.report import cli
-from lab.report.generate import GENERATE_END, GENERATE_START, generate_text, verdict_rule, verdicts
+from lab.report.generate import GENERATE_END, GENERATE_START, generate_text, shown, verdict_rule, verdicts
 
 
 def _row(tps: list[float]) -> dict:
@@ -65,14 +65,41 @@ def test_table_names_the_receipt_its_provenance_and_each_state(receipts):
 def test_what_was_not_measured_is_listed(receipts):
     text = generate_text(receipts[0])
     assert "compiled: not in the receipt (budget: 3 s left, 60 needed)" in text
-    assert "eager int4_fused: error: RuntimeError: synthetic failure" in text
+    assert "eager int4_fused2: error: RuntimeError: synthetic failure" in text
 
 
 def test_a_mode_not_asked_reads_not_run(tmp_path):
     rec = synthetic(random.Random())
     rec["settings"]["modes"], rec["archs"]["mixtral"]["skipped"] = ["eager"], []
     (tmp_path / "generate_a_b.json").write_text(json.dumps(rec))
-    assert "mixtral, not measured: compiled: not run; eager int4_fused: error" in generate_text(tmp_path)
+    assert "mixtral, not measured: compiled: not run; eager int4_fused2: error" in generate_text(tmp_path)
+
+
+def test_fuse_decode_default_state_is_shown_as_int4_fused2(tmp_path):
+    """The receipts' `int4_fused` is `fuse_decode(model)` with its defaults, which the decode-step benchmark calls
+    int4_fused2: the block names it so in the headers, the ratios, the stability column and the legend, never as
+    the bare receipt name."""
+    import re
+    rng = random.Random()
+    rec = synthetic(rng)
+    eager = rec["archs"]["mixtral"]["modes"]["eager"]
+    bf = eager["rows"]["bf16"]["depths"]["4"]["tokens_per_s"]
+    fu = [b * rng.uniform(1.1, 1.5) for b in bf]
+    eager["rows"]["int4_fused"], eager["stable"]["int4_fused"] = _row(fu), True
+    eager["ratios"]["int4_fused/bf16"], eager["errors"] = _ratio([y / x for x, y in zip(bf, fu)]), {}
+    (tmp_path / "generate_mixtral4_x.json").write_text(json.dumps(rec))
+    text = generate_text(tmp_path)
+    head = next(line for line in text.splitlines() if line.startswith("| model"))
+    assert "tokens/s int4_fused2" in head and "int4_fused2 / bf16" in head
+    row = next(line for line in text.splitlines() if line.startswith("| mixtral"))
+    assert row.split(" | ")[6] != "–" and "int4_fused2 yes" in row
+    assert "`fuse_decode(model)` with its defaults (`attention=True, add_norm=True`)" in text
+    assert not re.search(r"\bint4_fused\b(?!`)", text.replace("`int4_fused`", ""))     # only quoted as the receipt's
+    assert shown("int4_fused/bf16") == "int4_fused2/bf16" and shown("int4_fused2") == "int4_fused2"
+    assert shown("int4/bf16") == "int4/bf16"
+    from lab.chapters import decode_targets as tg
+    why = tg.status(tg.generate_target("mixtral", tmp_path))          # the chapter's target names it so too
+    assert "int4_fused2/bf16" in why and "int4_fused/" not in why
 
 
 def test_verdicts_are_the_receipts_and_follow_the_rule(receipts):
