@@ -1,4 +1,5 @@
-"""Why the Paddle / TensorRT-LLM int4 layout is what it is: CUTLASS's fast converter emulated bit for bit, the
+"""Why the Paddle / TensorRT-LLM int4 layout is what it is: TensorRT-LLM's fast converter (a CUTLASS
+extension from FasterTransformer, not part of NVIDIA/cutlass) emulated bit for bit, the
 PR's tables recomputed from the layout's construction, and the interleave derived from the mma.m16n8k16 fragment.
 
 Shape legend: K = in features, N = out features (Paddle's convention: the float weight is x [K, N]).
@@ -48,7 +49,8 @@ def _halves(w: np.ndarray) -> np.ndarray:
 
 def fast_dequant(words, sub_magic: int = SUB_MAGIC, one_sixteenth: int = ONE_SIXTEENTH,
                  neg_bias: int = NEG_72) -> np.ndarray:
-    """Bit-exact emulation of CUTLASS FastInterleavedAndBiasedNumericArrayConverter<half_t, uint4b_t, 8>.
+    """Bit-exact emulation of TensorRT-LLM's FastInterleavedAndBiasedNumericArrayConverter<half_t, uint4b_t, 8>
+    (its cutlass_extensions, namespace cutlass; not part of NVIDIA/cutlass).
 
     words: uint32-valued array [...] (numpy, or a torch int32 tensor read as unsigned). Returns float16 [..., 8]:
     result[i] for i = 0..7, i.e. the converter's output array in order. Per word:

@@ -1,4 +1,5 @@
-"""The Paddle / TensorRT-LLM int4 weight-only layout ("weight_only_int4") that CUTLASS's mixed-input GEMM reads.
+"""The Paddle / TensorRT-LLM int4 weight-only layout ("weight_only_int4") that FasterTransformer's /
+TensorRT-LLM's CUTLASS-based mixed-input GEMM (fpA_intB; Paddle's weight_only_linear uses it) reads.
 
 Shape legend: K = in features, N = out features. Paddle's convention: the float weight is x [K, N].
 
@@ -26,7 +27,8 @@ Where a code element (k, n) lands, for K % 64 == 0 and N % 8 == 0 (byte offsets 
     byte  = g * 2K + kb * 128 + m * 32 + 4 * word + nib // 2
     nib   = (kk % 32) // 8 + 4 * (kk % 2)                 # nibble in the little-endian 32-bit word
     value = code + 8                                      # biased, unsigned
-CUTLASS's `FastInterleavedAndBiasedNumericArrayConverter<half_t, uint4b_t, 8>` (emulated by `fast_dequant`)
+TensorRT-LLM's `FastInterleavedAndBiasedNumericArrayConverter<half_t, uint4b_t, 8>` (a CUTLASS extension; emulated by
+`fast_dequant`)
 turns word w of a run into 8 halves j = 2c + e (c = 0..3, e = 0..1) holding kk = 32 (w // 4) + 2 (w % 4) + 8c + e.
 """
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""W4A16 decode GEMV on the Paddle / TensorRT-LLM int4 layout, dequantised in registers with CUTLASS's magic numbers.
+"""W4A16 decode GEMV on the Paddle / TensorRT-LLM int4 layout, dequantised in registers with the magic numbers
+of TensorRT-LLM's CUTLASS-extension converter.
 
 Shape legend: R = activation rows (decode batch, 1..16), K = in features, N = out features.
 

@@ -1,4 +1,4 @@
-"""The W4A16 GEMV on the CUTLASS int4 layout: against weight_dequantize + a float64 matmul, poisoned outputs."""
+"""The W4A16 GEMV on the TensorRT-LLM / Paddle int4 layout: against weight_dequantize + a float64 matmul, poisoned outputs."""
 import pytest
 import torch
 from conftest import poison
