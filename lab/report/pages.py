@@ -197,7 +197,10 @@ def realscale_table(receipts=RECEIPTS) -> str:
                 warn = [f"`{k}`" for k, v in ex["fits"].items() if off_line(v)]
                 lines += ["", f"Fitted rows: {r['settings']['extrapolation']}; memory: {mem.get('formula', '–')}."
                           + (" Through two depths each line passes through both points, so no depth tests it: its "
-                             "full-depth figures are the line's, undecided against any target." if two else "")
+                             "full-depth figures are the line's, undecided against any target, and a negative fixed "
+                             "part there is not tested either (shown as the line's: "
+                             + (", ".join(f"`{k}`" for k, v in ex["fits"].items()
+                                          if two_depths(v) and (v.get("fixed") or 0) < 0) or "none") + ")." if two else "")
                           + (f" Fits the line does not describe (a negative slope: a deeper run measured less; or a "
                              f"negative fixed part: the depths grow faster than the line), so they decide nothing and "
                              f"are not shown: {', '.join(warn)}." if warn else "")]
