@@ -4,7 +4,8 @@ and the pack chosen on development documents.
 
 Every arm scored every document, so each comparison is paired on the same tokens and the same bootstrap
 resamples of documents (one seed per text): the variance the two arms share cancels, and a paired
-difference's interval is the text-sampling noise of that difference over documents.
+difference's interval estimates the text-sampling noise of that difference over documents, treating documents as
+independent (`stats`: too narrow where neighbouring documents are correlated).
 """
 from __future__ import annotations
 

@@ -7,7 +7,9 @@ replacement (the same resamples for every arm of a text: seeded), recompute the 
 take the 2.5th / 97.5th percentiles. Documents, not tokens, are the unit: tokens of one document are
 correlated (same speaker, same chapter), and resampling tokens would make the interval too narrow. Pairing
 removes the variance two arms share (which documents are hard for both); the interval of a paired difference
-is what remains, the text-sampling noise of that difference over documents.
+estimates what remains, the text-sampling noise of that difference over documents, as if documents were
+independent: resampling is i.i.d. over documents, so where neighbouring documents are correlated (consecutive parts
+of one work) or works vary among themselves, the interval is too narrow.
 
 Figures (arm a against reference r, over the tokens of one text):
     rel    = exp(mean(nll_a - nll_r)) - 1 = ppl_a / ppl_r - 1     (relative perplexity change)
@@ -118,7 +120,8 @@ def _weighted_p99(v: np.ndarray, d: np.ndarray, C: np.ndarray) -> np.ndarray:
 
 def tokens_to_decide(ci: dict, tokens: int, budget: float) -> int | None:
     """Scored tokens the CI would need to exclude the budget, if the change stays what it is and the
-    half-width shrinks as 1/√tokens; None when it already does, or when the change sits on the budget."""
+    half-width shrinks as 1/√tokens (the extra tokens coming as more independent documents like these); None
+    when it already does, or when the change sits on the budget."""
     if ci["hi"] < budget or ci["lo"] > budget:
         return None
     margin = abs(ci["value"] - budget)
@@ -157,6 +160,8 @@ def verdict(cis: dict, budget: float) -> dict:
         return {"verdict": "PASS", "tokens_needed": {}, "below_source": below,
                 "reasons": [f"every text's 95% CI is under the budget {budget:.2%} (highest upper bound: {worst} "
                             f"{cis[worst]['rel']['hi']:+.3%})"]}
+    # The reason names only the point-estimate condition; the plug-in also assumes the half-width shrinks as
+    # 1/√tokens, i.e. more independent documents like these (`tokens_to_decide`).
     need = {t: tokens_to_decide(c["rel"], c["tokens"], budget) for t, c in open_.items()}
     return {"verdict": "UNDECIDED", "tokens_needed": need, "below_source": below,
             "reasons": [f"{t}: {c['rel']['value']:+.3%} [{c['rel']['lo']:+.3%}, {c['rel']['hi']:+.3%}] straddles the "

@@ -9,7 +9,8 @@ the estimators). Every other function reads gate receipts
 (data/receipts/gate_<model>.json, written by `regenerate(model)`) and reshapes or re-checks them. All figures
 are relative perplexity changes (ppl_a / ppl_b - 1), paired on the same documents, with 95 % bootstrap intervals
 over documents (`int4lab.gate.stats`): pairing removes the variance the two arms share, and the interval of a
-paired change is the text-sampling noise of that change.
+paired change estimates the text-sampling noise of that change, treating documents as independent (too narrow
+where neighbouring documents are correlated).
 
 Receipt fields read: texts[t] {docs, tokens, tokens_sha, source_ppl}; split {seed, rule, texts[t] {dev,
 held_out}}; arms[name] {kind, texts[t] / dev[t] / held_out[t] {rel, kl, top1: {value, lo, hi}, ppl, tokens, docs},
