@@ -296,9 +296,10 @@ def row_text(row) -> str:
 
 def eager_ratio(a: dict, state: str, b: int, c: int, other: str = "bf16", fastest: bool = False) -> dict:
     """Eager per layer of `state` over eager `other` (bf16: its default experts impl, or with fastest=True the one
-    fastest eager at (b, c) among those whose slope's sample range lies above zero, `best_row`; "impl" names the
-    denominator's): value, the range its samples allow, and decided = False unless both rows are `decided` (each
-    slope's and each fixed part's sample range above zero), both slopes positive, and neither slope wholly below its
+    fastest eager at (b, c) among those whose slope's sample range lies above zero, whose two-depth line does not
+    fail and whose slope is not wholly below its own graphed layer, `best_row`; "impl" names the denominator's):
+    value, the range its samples allow, and decided = False unless both rows are `decided` (each slope's and each
+    fixed part's sample range above zero), both slopes positive, and neither slope wholly below its
     own graphed layer (`below_graphed`). Undecided, "range" holds the two slopes' ranges, "fixed" each row's (state,
     lowest, highest) fixed part and "graphed" each row below its graphed layer as (name, lowest, highest slope,
     graphed per layer), for `eager_text`."""

@@ -298,9 +298,9 @@ def decode_step_table(receipts=RECEIPTS) -> str:
     layer's time against its read floor: int4 as quantised, int4_fused and int4_fused2 (`fuse_decode`) graphed,
     int4_fused2 compiled, beside bf16's floor and the best bf16 (the fastest experts implementation graphed, or
     compiled where the receipt compiled bf16: only the implementation fastest graphed is compiled), tokens/s at the
-    published depth against that bf16, and eager int4_fused2 against the fastest eager bf16 whose slope is decided
-    (named; the range its samples allow, or undecided where either row's slope or fixed part is not, `decided`, or
-    a slope lies wholly below its own graphed layer, `below_graphed`).
+    published depth against that bf16, and eager int4_fused2 against the fastest eager bf16 that
+    `chapters.decode_step.best_row` admits (named; the range its samples allow, or undecided where either row's slope
+    or fixed part is not, `decided`, or a slope lies wholly below its own graphed layer, `below_graphed`).
     From the receipt's `summary` and rows; "–" where it measured nothing."""
     found = _receipts("decode_step_*.json", receipts)
     if not found:
