@@ -6,7 +6,7 @@
 Shapes: E experts, N out, K in features (K % 32 == 0 for Q4_0), H hidden, I expert intermediate, V vocabulary, L layer.
 Unless `--source`, `build_model` first quantises (`quantize_model`: RTN, or GPTQ on `--calib-tokens`); the writer
 re-rounds no pack. `int4lab.q4_0.int4_b32_to_q4_0` transcodes each pack: other bytes (nibbles j|j+16, fp16 scale bits
-copied per block), bit-identical decoded weights. Embeddings, lm_head, other weights of 2+ dims F32 (exact for bf16) or
+copied per block), bit-identical decoded weights. Embeddings, lm_head, other 2+-dim weights F32 (exact for bf16/fp32) or
 F16 (rounded, past fp16's range inf; the finiteness checks run before it and skip the embedding); norms, router F32.
 A checkpoint directory's tokenizer.json is the vocabulary written (a BPE, ByteLevel pre_tokenizer; others refused).
 
