@@ -243,8 +243,8 @@ def targets(rec: dict) -> list[dict]:
 def generate_target(arch: str, receipts=None) -> dict:
     """The `generate` target from the generate receipts (`python -m lab.decode_step.generate`, not this benchmark,
     which times one step over a static cache): a mode is met where some int4 state's per-round ratio over bf16 is
-    "int4 faster" at the deepest depth (its median's interval wholly above 1), missed where every state's is "int4
-    slower"; the target is met where eager and compiled are both met, missed where either is missed, else undecided
+    "<state> faster" at the deepest depth (its median's interval wholly above 1), missed where every state's is
+    "<state> slower"; the target is met where eager and compiled are both met, missed where either is missed, else undecided
     (a mode not measured leaves it undecided); not measured without a receipt for `arch`."""
     from lab.paths import RECEIPTS
     from lab.report.generate import shown, verdicts
@@ -260,8 +260,9 @@ def generate_target(arch: str, receipts=None) -> dict:
     if not per_mode:
         return _target(arch, "generate", None, GENERATE, None, None, "", not_measured=(
             "no generate receipt measures this model (data/receipts/generate*_*.json)"))
-    state = {m: True if any(v == "int4 faster" for v, _ in got) else
-             False if all(v == "int4 slower" for v, _ in got) else None for m, got in per_mode.items()}
+    # a verdict names its state ("int4 faster", "int4_fused faster"): any int4 state counts
+    state = {m: True if any(v.endswith(" faster") for v, _ in got) else
+             False if all(v.endswith(" slower") for v, _ in got) else None for m, got in per_mode.items()}
     why = "; ".join([f"{m}: {', '.join(t for _, t in got)}" for m, got in per_mode.items()] +
                     [f"{m}: not measured" for m in ("eager", "compiled") if m not in per_mode])
     met = False if False in state.values() else True if state.get("eager") and state.get("compiled") else None

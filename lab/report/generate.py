@@ -18,7 +18,6 @@ GENERATE_START, GENERATE_END = "<!-- generate:start -->", "<!-- generate:end -->
 STATES = ("bf16", "int4", "int4_fused")
 MODES = ("eager", "compiled")
 RATIOS = ("int4/bf16", "int4_fused/bf16")
-VERDICTS = ("int4 faster", "int4 slower", "undecided")
 # receipt state name -> the decode-step benchmark's name for the same form (fuse_decode's defaults)
 SHOWN = {"int4_fused": "int4_fused2"}
 
@@ -29,10 +28,11 @@ def shown(text: str) -> str:
     return re.sub(r"\b(" + "|".join(map(re.escape, SHOWN)) + r")\b", lambda m: SHOWN[m.group(1)], text)
 
 
-def verdict_rule(lo: float, hi: float) -> str:
-    """The receipt's rule: "int4 faster" only when the median's interval lies wholly above 1, "int4 slower" wholly
-    below, else "undecided"."""
-    return "int4 faster" if lo > 1 else "int4 slower" if hi < 1 else "undecided"
+def verdict_rule(lo: float, hi: float, ratio: str = "int4/bf16") -> str:
+    """The receipt's own rule (`lab.decode_step.generate.verdict`) for `ratio` ("<state>/bf16"): "<state> faster"
+    only when the median's interval lies wholly above 1, "<state> slower" wholly below, else "undecided"."""
+    from lab.decode_step.generate import verdict          # here, not at import: that module loads the models' stack
+    return verdict(lo, hi, ratio.split("/")[0])
 
 
 def verdicts(rec: dict) -> list[dict]:

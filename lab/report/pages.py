@@ -224,7 +224,8 @@ def realscale_table(receipts=RECEIPTS) -> str:
                        f"{r['target']['prefill_over_bf16_min']}×: {'met' if r['target']['met'] else 'missed'}.")
     for path in sorted(Path(receipts).glob("pack_*.json")):
         with reading(path):
-            out.append(pack_text(path, read(path), _prov(read(path))))
+            r = read(path)
+            out.append(pack_text(path, r, _prov(r)))
     return "\n\n".join(out)
 
 

@@ -94,19 +94,23 @@ def _share(lo: int, hi: int, t: int) -> str:
     return f"{lo}-{hi} of {t} experts ({100 * lo / t:.0f}-{100 * hi / t:.0f} %)"
 
 
+def _settings(depths: dict) -> dict:
+    """The gate settings of the first measured depth ({} where none ran)."""
+    gates = _gates(depths)
+    return (gates[0][1].get("settings") or {}) if gates else {}
+
+
 def calib_tokens(depths: dict) -> tuple[int | None, bool]:
     """(calibration tokens per draw the depths ran, whether that is the README command's default)."""
     from int4lab.gate.cli import parser
-    gates = _gates(depths)
-    tokens = (gates[0][1].get("settings") or {}).get("calib_tokens") if gates else None
+    tokens = _settings(depths).get("calib_tokens")
     return tokens, tokens == parser().get_default("calib_tokens")
 
 
 def used_tokens(depths: dict) -> int | None:
     """Calibration tokens a draw actually held: whole sequences of `calib_len` (`calibration_ids` keeps
     tokens // calib_len of them)."""
-    gates = _gates(depths)
-    st = (gates[0][1].get("settings") or {}) if gates else {}
+    st = _settings(depths)
     t, n = st.get("calib_tokens"), st.get("calib_len")
     return t // n * n if t and n else t
 

@@ -142,3 +142,18 @@ def test_chapter_target_reads_the_receipts(receipts, tmp_path):
     (tmp_path / "u" / "generate_u_x.json").write_text(json.dumps(rec))
     t = tg.generate_target("mixtral", tmp_path / "u")     # undecided eager, compiled not measured -> undecided
     assert t["met"] is None and tg.status(t).startswith("undecided (eager: int4/bf16 undecided")
+
+
+def test_a_fused_state_decided_faster_counts_for_the_target(tmp_path):
+    """The receipt names a ratio's verdict after its state ("int4_fused faster"): the rule gives that name, and the
+    chapter's target counts any int4 state decided faster in both modes as met."""
+    from lab.chapters import decode_targets as tg
+    assert verdict_rule(1.1, 1.3, "int4_fused/bf16") == "int4_fused faster"
+    assert verdict_rule(0.7, 0.9, "int4_fused/bf16") == "int4_fused slower"
+    rec = synthetic(random.Random())
+    eager = rec["archs"]["mixtral"]["modes"]["eager"]
+    eager["ratios"]["int4_fused/bf16"] = {"4": {"median": 1.2, "lo": 1.1, "hi": 1.3, "verdict": "int4_fused faster"}}
+    rec["archs"]["mixtral"]["modes"]["compiled"] = json.loads(json.dumps(eager))
+    (tmp_path / "generate_f_x.json").write_text(json.dumps(rec))
+    t = tg.generate_target("mixtral", tmp_path)
+    assert t["modes"] == {"eager": True, "compiled": True} and t["met"] is True
