@@ -115,10 +115,18 @@ def used_tokens(depths: dict) -> int | None:
     return t // n * n if t and n else t
 
 
+def min_rows(depths: dict) -> int | None:
+    """The `--min-rows` the depths ran with; None at the default (K: `calib_need`)."""
+    m = _settings(depths).get("min_rows")
+    return m if isinstance(m, int) and not isinstance(m, bool) else None
+
+
 def command_text(depths: dict) -> str:
-    """How the fitted totals' command differs from the README's: "" at its defaults, else the calibration flag."""
+    """How the fitted totals' command differs from the README's: "" at its defaults, else the calibration flags."""
     tokens, default = calib_tokens(depths)
-    return "" if default or tokens is None else f" with `--calib-tokens {tokens}`"
+    flags = ([] if default or tokens is None else [f"--calib-tokens {tokens}"]) + \
+        ([f"--min-rows {min_rows(depths)}"] if min_rows(depths) else [])
+    return " with " + " and ".join(f"`{f}`" for f in flags) if flags else ""
 
 
 def _layers(L: str) -> str:
@@ -191,12 +199,20 @@ def swept_text(arch: str, depths: dict) -> str:
     """The share of experts GPTQ swept at each depth, with the calibration tokens per draw it had and the tokens
     that would give every expert `min_rows` on even routing; "" when the receipt's tables record no fallback."""
     swept = gptq_swept(depths)
-    if not swept:
-        return ""
     tokens, default = calib_tokens(depths)
+    m = min_rows(depths)
+    if not swept:
+        if m and any(((g.get("arms_by_kind") or {}).get("gptq") for _, g in _gates(depths))):
+            return (f" With `--min-rows {m}` and {tokens:,} calibration tokens per draw the stored tables record no "
+                    f"expert packed round-to-nearest: GPTQ swept every expert at every depth, so the sweeps' times "
+                    f"are GPTQ's for all experts (an expert calibrated from fewer rows than its K = "
+                    f"{calib_need(arch)[0]} inputs has a rank-deficient Hessian, made positive definite by the "
+                    f"damping, `int4lab/gptq.py`; the column sweep's work does not depend on the rows).")
+        return ""
     K, n = calib_need(arch)
     need = (f"; an expert needs `min_rows` = K = {K} routed rows, which even routing gives every expert from "
-            f"{n:,} calibration tokens per draw, uneven routing only from more")
+            f"{n:,} calibration tokens per draw, uneven routing only from more" if not m else
+            f"; `--min-rows {m}`: an expert needs {m} routed row{'s' if m > 1 else ''}")
     used = used_tokens(depths)
     held = "" if used in (None, tokens) else f", of which a draw holds {used:,}: whole sequences of the window"
     head = (f" With {tokens:,} calibration tokens per draw ({'the README' if default else 'not the README'}'s default"

@@ -132,3 +132,22 @@ def test_a_line_through_two_depths_tests_nothing():
     assert two_depths(two) and not off_line(two)            # a tiny negative fixed part through two points: no verdict
     assert off_line(three) and not two_depths(three)
     assert off_line({**two, "warning": "per_layer < 0"})     # a falling slope is off the line at any depth count
+
+
+def test_a_fit_with_min_rows_lowered_sweeps_every_expert():
+    d = _depths()
+    for L in ("1", "2"):
+        d[L]["gate"].update(settings={"calib_tokens": 16384, "min_rows": 1}, arms_by_kind={"gptq": 2},
+                            table=["gptq PASS"])
+    assert command_text(d) == " with `--min-rows 1`"
+    t = swept_text("mixtral", d)
+    assert "With `--min-rows 1` and 16,384 calibration tokens per draw" in t and "GPTQ swept every expert" in t
+    assert "K = 14336 inputs" in t
+    d["1"]["gate"]["settings"]["calib_tokens"] = 65536
+    assert command_text(d) == " with `--calib-tokens 65536` and `--min-rows 1`"
+    d["1"]["gate"]["settings"] = {"calib_tokens": 16384, "min_rows": "K (max(H, I))"}   # the default's record
+    assert command_text(d) == "" and swept_text("mixtral", d) == ""
+    d["1"]["gate"]["settings"] = {"calib_tokens": 16384, "min_rows": 1}
+    d["1"]["gate"]["table"] = ["gptq PASS (GPTQ→RTN fallback: 1 of 8 experts)"]
+    t = swept_text("mixtral", d)
+    assert "7 of 8 experts" in t and "`--min-rows 1`: an expert needs 1 routed row)" in t and "K = 14336" not in t
