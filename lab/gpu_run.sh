@@ -22,7 +22,8 @@
 #   gate_fit the README's gate command on synthetic Qwen3-30B-A3B and Mixtral-8x7B at 1, 2 and 3 layers, one card
 #            plus the host (--device-map auto --max-memory), quick settings taken to the defaults and fitted to full
 #            depth (FIT_ARCHS, FIT_S caps each architecture, FIT_LAYERS, FIT_ARGS, FIT_MEMORY override; FIT_TAG is
-#            added to the receipt's name, e.g. _calib65536 for a run whose FIT_ARGS change the calibration size)
+#            added to the receipt's name, e.g. _calib65536 for a run whose FIT_ARGS change the calibration size; the
+#            stage's output, each arm's build line included, is kept beside it as .log)
 #   pack     a lottery ticket's pack (dithered round-to-nearest) against round-to-nearest's on the GPU, at each
 #            architecture's expert shapes, many repeats (lab.bench.pack; pack_<card>.json)
 #   peers    the bench again with the peers built outside the repository: Marlin (a peer row) and llama.cpp's
@@ -148,7 +149,8 @@ if has gate_fit; then
     timeout ${FIT_S:-260} python3 -m lab.realscale_gate --arch $arch --layers ${FIT_LAYERS:-1 2 3} --device-map auto \
       --max-memory ${FIT_MEMORY:-0=70GiB cpu=100GiB} --workdir /dev/shm/rsg_fit --deadline $(( ${FIT_S:-260} - 15 )) \
       --gate-args="${FIT_ARGS:---max-docs 20 --lottery 1 --calib-draws 1 --no-floor}" \
-      --out "$OUT/realscale_gate_${arch}${FIT_TAG:-}_$card.json" 2>&1 | grep --line-buffered -v "Writing model shards\|Loading weights" | tail -20
+      --out "$OUT/realscale_gate_${arch}${FIT_TAG:-}_$card.json" 2>&1 | grep --line-buffered -v "Writing model shards\|Loading weights" \
+      | tee "$OUT/realscale_gate_${arch}${FIT_TAG:-}_$card.log" | tail -20
     rm -rf /dev/shm/rsg_fit
   done
 fi
