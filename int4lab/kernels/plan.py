@@ -61,9 +61,10 @@ class GroupedPlan:
 # that applies wins; block_k is capped at the next power of two >= K. "interp" is the CPU interpreter, whose
 # cost is per program and per op, not per element: wide tiles, few programs.
 GEMV_TABLE = {
-    # Chosen by H200 sweeps (the commits that set these rows added the sweeps' receipts; the tree no longer holds
-    # them). Split-K's last-arriving finish costs tail latency, so most rows split only when the grid would
-    # otherwise be tiny (waves 0.25); long-K, short-N
+    # Chosen by H200 sweeps, whose receipts are not in the tree:
+    # `git show 98c1d49:data/receipts/kernel_sweep_v7_h200.json` and
+    # `git show fbd3c59:data/receipts/probe_gemv_v5_h200.json`. Split-K's last-arriving finish costs tail latency,
+    # so most rows split only when the grid would otherwise be tiny (waves 0.25); long-K, short-N
     # weights (4096x14336) gain from a split all the same. Routed rows (R >= 2: MoE gate_up / down over top-k
     # experts) multiply the programs, so taller tiles of 1024 win there; one small dense row wants short programs of
     # the widest tiles and 8 warps. Routed rows with K < N (the small models' down GEMV: 2048 outputs of 1024 or 768
