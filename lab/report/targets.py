@@ -31,6 +31,7 @@ class Check:
     status: str          # "pass", "miss", "undecided" (margin under the run-to-run spread), "not measured"
     paired: bool = False  # the status comes from bench.decide's paired re-measurement (paired_ratios)
     name: str = ""        # which named target the check belongs to (GEMV_FLOOR, ..., BATCHED_MOE)
+    margin: float | None = None  # measured / limit - 1 (the side that meets the limit depends on the target)
 
 
 def _status(ok, margin=None, spread=0.0) -> str:
@@ -110,14 +111,14 @@ def paired_ratios(rec, paths=None) -> dict:
 
 
 def _settle(target: str, measured: str, status: str, paired, key, limit: float, at_most: bool = True,
-            name: str = "") -> Check:
+            name: str = "", margin: float | None = None) -> Check:
     """The target's Check; an "undecided" status settled by the paired re-measurement of the same ratio, where
     there is one (paired=True). A run of other kernel sources whose interval lies wholly on the other side of
     the limit keeps it undecided: it cannot vouch for this code, but its contradiction says the margin may not
     survive another machine."""
     d = (paired or {}).get(key)
     if status != "undecided" or d is None:
-        return Check(target, measured, status, name=name)
+        return Check(target, measured, status, name=name, margin=margin)
     new = decided(d["lo"], d["hi"], limit, at_most)
     note = (f"{measured}; paired: {d['median']:.3f}× [{d['lo']:.3f}, {d['hi']:.3f}], {d['n']}"
             + (f" (run medians {', '.join(f'{v:.3f}' for v in d['run_medians'])})" if len(d["run_medians"]) > 1 else ""))
@@ -126,7 +127,7 @@ def _settle(target: str, measured: str, status: str, paired, key, limit: float, 
         med, lo, hi = against[0]
         new = "undecided"
         note += f"; an earlier run on other kernel sources read {med:.3f}× [{lo:.3f}, {hi:.3f}]"
-    return Check(target, note, new, paired=True, name=name)
+    return Check(target, note, new, paired=True, name=name, margin=margin)
 
 
 BIG_SHAPES = ((14336, 4096), (4096, 14336), (28672, 4096), (28672, 8192))
@@ -142,14 +143,15 @@ def targets(rec, anchors=(), spread: float = 0.0, paired=None) -> list[Check]:
     anchors = same_card(rec, anchors)
     out = []
 
-    def check(target, measured, status, key, limit, at_most=True, name=""):
-        out.append(_settle(target, measured, status, paired, key, limit, at_most, name))
+    def check(target, measured, status, key, limit, at_most=True, name="", value=None):
+        margin = None if value is None else value / limit - 1
+        out.append(_settle(target, measured, status, paired, key, limit, at_most, name, margin))
     for N, K in BIG_SHAPES:
         here = [r for r in rec["rows"] if r["layer"] != "moe" and (r["N"], r["K"]) == (N, K)]
         ours, fl = _us(rec, "int4_b32", N=N, K=K), _floor(here)
         check(f"{N}×{K}: int4_b32 ≤ 1.15× read floor", f"{_f(ours, 2)} / {_f(fl, 2)} µs = "
               f"{_f(_ratio(ours, fl), 2)}×", _within(_ratio(ours, fl), 1.15, spread),
-              ("gemv", N, K, "int4_b32", "floor"), 1.15, name=GEMV_FLOOR)
+              ("gemv", N, K, "int4_b32", "floor"), 1.15, name=GEMV_FLOOR, value=_ratio(ours, fl))
     for s in all_shapes():
         w = {"model": s.model, "layer": s.layer, "N": s.N, "K": s.K}
         here = [r for r in rec["rows"] if all(r[k] == v for k, v in w.items())]
@@ -168,10 +170,10 @@ def targets(rec, anchors=(), spread: float = 0.0, paired=None) -> list[Check]:
         out.append(Check(f"{name}: int4_b32 faster than every peer",
                          f"{_f(ours, 2)} µs vs best peer {_f(best, 2)} µs{gap}",
                          _status(ok, None if None in (ours, best) else ours / best - 1, spread),
-                         name=GEMV_BESIDE_PEERS))
+                         name=GEMV_BESIDE_PEERS, margin=None if None in (ours, best) else ours / best - 1))
         check(f"{name}: int4_b32 ≤ 1.4× read floor", f"{_f(_ratio(ours, fl), 2)}×",
               _within(_ratio(ours, fl), 1.4, spread), ("gemv", s.N, s.K, "int4_b32", "floor"), 1.4,
-              name=GEMV_BESIDE_PEERS)
+              name=GEMV_BESIDE_PEERS, value=_ratio(ours, fl))
     for name, speedup in MOE_OVER_BF16.items():
         here = [r for r in rec["rows"] if r["model"] == name and r["layer"] == "moe" and r["rows"] == 1]
         best, fl = best_ours_moe(rec, name, 1), _floor(here)
@@ -180,11 +182,11 @@ def targets(rec, anchors=(), spread: float = 0.0, paired=None) -> list[Check]:
         check(f"{name} one-token MoE layer ≤ {MOE_FLOOR_LIMIT}× read floor of routed bytes",
               f"{_f(best, 2)} / {_f(fl, 2)} µs = {_f(_ratio(best, fl), 2)}×",
               _within(_ratio(best, fl), MOE_FLOOR_LIMIT, spread), ("moe", name, 1, impl, "floor"), MOE_FLOOR_LIMIT,
-              name=ONE_TOKEN_MOE)
+              name=ONE_TOKEN_MOE, value=_ratio(best, fl))
         lead = _ratio(bf, best)
         check(f"{name} one-token MoE layer ≥ {speedup:g}× the bf16 loop", f"{_f(lead, 2)}×",
               _status(None if lead is None else lead >= speedup, None if lead is None else lead / speedup - 1, spread),
-              ("moe", name, 1, "bf16_loop", impl), speedup, at_most=False, name=ONE_TOKEN_MOE)
+              ("moe", name, 1, "bf16_loop", impl), speedup, at_most=False, name=ONE_TOKEN_MOE, value=lead)
     for name in MOE_OVER_BF16:
         for T in BATCH_TOKENS:
             here = [r for r in rec["rows"] if r["model"] == name and r["layer"] == "moe" and r["rows"] == T]
@@ -193,7 +195,7 @@ def targets(rec, anchors=(), spread: float = 0.0, paired=None) -> list[Check]:
             bf, gm = (_us(rec, i, model=name, layer="moe", rows=T) for i in MOE_PEERS)
             check(f"{name} MoE, {T} tokens: best int4 ≤ {BATCH_FLOOR_LIMIT}× read floor of unique experts",
                   f"{_f(_ratio(best, fl), 2)}×", _within(_ratio(best, fl), BATCH_FLOOR_LIMIT, spread),
-                  ("moe", name, T, impl, "floor"), BATCH_FLOOR_LIMIT, name=BATCHED_MOE)
+                  ("moe", name, T, impl, "floor"), BATCH_FLOOR_LIMIT, name=BATCHED_MOE, value=_ratio(best, fl))
             slow = min((t for t in (bf, gm) if t is not None), default=None)
             ok = None if best is None or None in (bf, gm) else slow / best >= BATCH_SPEEDUP
             edge = f" ({slow / best:.3f}×)" if ok is not None and abs(slow / best / BATCH_SPEEDUP - 1) < spread else ""
@@ -201,7 +203,7 @@ def targets(rec, anchors=(), spread: float = 0.0, paired=None) -> list[Check]:
                              "grouped_mm", f"bf16 loop {_f(_ratio(bf, best), 2)}×, grouped_mm "
                              f"{_f(_ratio(gm, best), 2)}×{edge}",
                              _status(ok, None if ok is None else slow / best / BATCH_SPEEDUP - 1, spread),
-                             name=BATCHED_MOE))
+                             name=BATCHED_MOE, margin=None if ok is None else slow / best / BATCH_SPEEDUP - 1))
     return out
 
 
@@ -239,14 +241,39 @@ def target_definitions() -> str:
     ])
 
 
+# A verdict of one run within this relative margin of its limit is listed as undecided in the kernel notes'
+# misses table: about the run-to-run spread of torch's own kernels between two full H100 benches of the same device
+# code (4.1 %, chapter 05, section 7), which report.run_to_run cannot measure without such a bench in RECEIPTS.
+NEAR = 0.05
+
+
+def near(c: Check) -> bool:
+    """A pass or miss not settled by paired rounds whose margin to its limit is under NEAR."""
+    return c.status in ("pass", "miss") and not c.paired and c.margin is not None and abs(c.margin) < NEAR
+
+
+def _left_status(c: Check) -> str:
+    if not near(c):
+        return c.status
+    return f"undecided ({'met' if c.status == 'pass' else 'missed'} by {100 * abs(c.margin):.1f} % in this run)"
+
+
 def misses_table(checks) -> str:
-    """The checks that miss (or are undecided), by named target: the kernel notes' table of what is left."""
-    left = [c for c in checks if c.status in ("miss", "undecided")]
+    """The checks that miss, are undecided, or are met by less than NEAR, by named target: the kernel notes' table
+    of what is left, after a line that counts the verdicts within NEAR of their limit."""
+    left = [c for c in checks if c.status in ("miss", "undecided") or near(c)]
     if not left:
         return "Every target is met."
+    close = [c for c in checks if near(c)]
+    n_met, n_met_close = sum(c.status == "pass" for c in checks), sum(c.status == "pass" for c in close)
+    n_miss = sum(c.status == "miss" for c in checks)
+    head = (f"These are the verdicts of one run. {len(close)} of them lie within {100 * NEAR:g} % of their limit "
+            f"({len(close) - n_met_close} of the {n_miss} missed, {n_met_close} of the {n_met} met), where at the "
+            "run-to-run spread (\"Run to run\" above) a verdict is undecided: the table lists each of them as "
+            "undecided, with the side this run put it on.\n\n" if close else "")
     lines = ["| target | check | measured | status |", "|---|---|---|---|"]
-    lines += [_line([c.name, c.target, c.measured, c.status]) for c in left]
-    return "\n".join(lines)
+    lines += [_line([c.name, c.target, c.measured, _left_status(c)]) for c in left]
+    return head + "\n".join(lines)
 
 
 def _late_note(rec) -> str:

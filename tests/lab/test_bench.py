@@ -14,6 +14,7 @@ from lab import report
 from lab.bench import floor, harness, peers, shapes, timing
 from lab.paths import RECEIPTS, ROOT
 from lab.provenance import write_receipt
+from lab.report.targets import near as near_limit
 
 # ---- model table and shapes ----------------------------------------------------------------------------
 
@@ -597,11 +598,16 @@ def test_every_target_has_a_name_and_the_misses_table_holds_only_misses(tmp_path
     names = {report.GEMV_FLOOR, report.GEMV_BESIDE_PEERS, report.ONE_TOKEN_MOE, report.BATCHED_MOE}
     assert {c.name for c in checks} == names
     table = report.misses_table(checks)
-    left = [c for c in checks if c.status in ("miss", "undecided")]
-    assert left and len(table.splitlines()) == 2 + len(left)
-    assert all(c.target not in table for c in checks if c.status == "pass")
+    # a miss, an undecided target, or a single-run verdict within NEAR of its limit (listed as undecided, its side
+    # named), after one paragraph that counts the near verdicts
+    close = [c for c in checks if near_limit(c)]
+    left = [c for c in checks if c.status in ("miss", "undecided") or c in close]
+    assert close and left and len(table.split("\n\n")[-1].splitlines()) == 2 + len(left)
+    assert table.startswith(f"These are the verdicts of one run. {len(close)} of them lie within 5 % of their limit")
+    assert all(c.target not in table for c in checks if c.status == "pass" and c not in close)
+    assert all(f"| {c.target} |" in table and "undecided (" in table for c in close)
     assert all(f"**{n}**" in report.target_definitions() for n in names)
-    assert report.misses_table([c for c in checks if c.status == "pass"]) == "Every target is met."
+    assert report.misses_table([c for c in checks if c.status == "pass" and c not in close]) == "Every target is met."
 
 
 def test_report_figures_draw_from_a_synthetic_receipt(tmp_path):
