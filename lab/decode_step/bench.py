@@ -305,7 +305,7 @@ class Run:
                 r["equal"] = None
                 r["note"] = "graph capture needs CUDA: eager tokens only"
             out["states"][state] = r
-        out.update(out["states"]["int4"])                     # int4's check where earlier receipts kept it
+        out.update(out["states"]["int4"])                     # int4's check also at the top level of `greedy`
         eq = [r["equal"] for r in out["states"].values()]
         out["equal"] = None if None in eq else all(eq)
         self.rec["greedy"] = out
