@@ -7,8 +7,8 @@ Shapes: E experts, N out, K in features (K % 32 == 0 for Q4_0), H hidden, I expe
 Unless `--source`, `build_model` first quantises (`quantize_model`: RTN, or GPTQ on `--calib-tokens`); the writer
 re-rounds no pack. `int4lab.q4_0.int4_b32_to_q4_0` transcodes each pack: other bytes (nibbles j|j+16, fp16 scale bits
 copied per block), bit-identical decoded weights. Embeddings, lm_head, other 2+-dim weights F32 (exact for bf16/fp32) or
-F16 (rounded, past fp16's range inf; the finiteness checks run before it and skip the embedding); norms, router F32.
-A checkpoint directory's tokenizer.json is the vocabulary written (a BPE, ByteLevel pre_tokenizer; others refused).
+F16 (rounded, inf past fp16's range; finiteness is checked first, not the embedding's); F32 under either: norms, router,
+biases, Qwen2-MoE's shared-expert gate [1, H]. Vocabulary: a checkpoint's tokenizer.json (ByteLevel BPE, else refused).
 
 How transformers 5 names map onto llama.cpp's (gguf-py `MODEL_TENSOR` names, per block L; each architecture's
 `int4lab.archs` record holds its mapping, llama.cpp architecture and routing flags):
@@ -266,11 +266,11 @@ def write_gguf(model, path, *, name: str | None = None, ftype: str = "f32", toke
                force: bool = False) -> Path:
     """Write `model` (quantised by `quantize_model`, or not) to `path` as GGUF; returns the path.
 
-    ftype: "f32" or "f16" for the weights that are not int4-b32 packs (norms and the router stay F32). An existing
-    file is refused unless force=True. The file is written beside `path` and renamed onto it when complete: an error
-    or an interrupt leaves no partial file under `path` (and the old one intact). The tokenizer written is the one in
-    `tokenizer_dir` (default: this repository's); a model whose embedding rows differ from its token count is refused
-    before anything is written (llama.cpp would refuse the file).
+    ftype: "f32" or "f16" for the weights that are not int4-b32 packs (norms, the router, biases and the shared-expert
+    gate stay F32). An existing file is refused unless force=True. The file is written beside `path` and renamed onto
+    it when complete: an error or an interrupt leaves no partial file under `path` (and the old one intact). The
+    tokenizer written is the one in `tokenizer_dir` (default: this repository's); a model whose embedding rows differ
+    from its token count is refused before anything is written (llama.cpp would refuse the file).
     """
     import gguf
     from .files import check_out_path

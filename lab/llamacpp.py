@@ -122,7 +122,9 @@ KV_CACHES = ("f32", "f16")
 class LlamaCppScorer:
     """One llama.cpp context over a GGUF file: no flash attention, logits for every position, and the KV cache in
     F32 (`kv_cache="f32"`, what every receipt uses) or in llama.cpp's default F16 (`"f16"`, to measure what the
-    default changes)."""
+    default changes). Nothing here fixes the kernel path: the installed build's compiled features and the CPU choose
+    it (a receipt records the build's `system_info`), so the same command on another build or CPU may score
+    differently."""
 
     def __init__(self, gguf_path, window: int = WINDOW, threads: int | None = None, kv_cache: str = "f32"):
         if not have_llama_cpp():
