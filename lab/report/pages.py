@@ -168,10 +168,10 @@ def realscale_table(receipts=RECEIPTS) -> str:
                                         _s(tm["score_s"]), _s(fw), f"{g['s'] / fw:.1f}", _gb(g["gpu_peak_bytes"]),
                                         _gb(g["host_peak_bytes"]), " + ".join(map(str, g["groups"])), verdicts]))
                 if a.get("full") and any(d.get("gate") for d in a.get("depths", {}).values()):
-                    lines += ["", full_text(arch, a, r)]
+                    lines += ["", full_text(arch, a, r, path.with_suffix(".log"))]
                 ex = a.get("extrapolation") or {}
                 if ex and one_depth(a):       # no line through one point: the measured depth and GPTQ's rate only
-                    lines += ["", one_depth_text(arch, a)]
+                    lines += ["", one_depth_text(arch, a, path.with_suffix(".log"))]
                 if not ex or one_depth(a):
                     continue
                 t, mem = ex["targets"], ex.get("memory") or {}
@@ -193,7 +193,8 @@ def realscale_table(receipts=RECEIPTS) -> str:
                                     f"{mem.get('arms_per_group')} per group, {mem.get('groups')} groups" if mem else "–",
                                     "–"]))
                 if "gptq_sweep_default_s" in ex["fits"]:
-                    lines += ["", gptq_text(arch, ex, a.get("depths", {}), r["settings"].get("card_bytes"), fitted, _gb)]
+                    lines += ["", gptq_text(arch, ex, a.get("depths", {}), r["settings"].get("card_bytes"), fitted, _gb,
+                                             path.with_suffix(".log"))]
                 warn = [f"`{k}`" for k, v in ex["fits"].items() if off_line(v)]
                 lines += ["", f"Fitted rows: {r['settings']['extrapolation']}; memory: {mem.get('formula', '–')}."
                           + (" Through two depths each line passes through both points, so no depth tests it: its "

@@ -137,7 +137,7 @@ def _points(fit: dict) -> str:
     return "; ".join(f"{_layers(L)} {v:.3g} s" for L, v in fit["points"].items())
 
 
-def gptq_text(arch: str, ex: dict, depths: dict, card_bytes, fitted, gb) -> str:
+def gptq_text(arch: str, ex: dict, depths: dict, card_bytes, fitted, gb, log=None) -> str:
     """The GPTQ line under a fit's table: sweeps and calibration forwards fitted to full depth, each with its own
     points; the depths' placement (all on the GPU, and whether the GPU-peak fit passes the card at full depth); the
     README-defaults total with its target; the share of experts GPTQ swept at the calibration size the depths ran."""
@@ -182,7 +182,7 @@ def gptq_text(arch: str, ex: dict, depths: dict, card_bytes, fitted, gb) -> str:
                     f"{gb(peak)} against the card's {gb(card_bytes)}: how many arms such a run holds beside the source "
                     f"was not predicted for a device-map run, nor measured"
                     if peak and card_bytes and peak > card_bytes else "") + ".")
-    return text + swept_text(arch, depths)
+    return text + swept_text(arch, depths, log)
 
 
 def calib_need(arch: str) -> tuple[int, int]:
@@ -195,7 +195,7 @@ def calib_need(arch: str) -> tuple[int, int]:
     return K, -(-K * E // c["num_experts_per_tok"])
 
 
-def swept_text(arch: str, depths: dict) -> str:
+def swept_text(arch: str, depths: dict, log=None) -> str:
     """The share of experts GPTQ swept at each depth, with the calibration tokens per draw it had and the tokens
     that would give every expert `min_rows` on even routing; "" when the receipt's tables record no fallback."""
     swept = gptq_swept(depths)
@@ -222,13 +222,28 @@ def swept_text(arch: str, depths: dict) -> str:
         return head + ": every expert, so the sweeps' times are GPTQ's for all experts at this calibration size."
     return head + (f"; the rest fell back to round-to-nearest (fewer routed calibration rows than `min_rows`{need}), so "
                    "the sweeps' times hold for that share under the synthetic checkpoint's routing, not for all experts."
-                   + gptq_rate_text(arch, depths))
+                   + gptq_rate_text(arch, depths, log))
 
 
-def gptq_rate_text(arch: str, depths: dict) -> str:
-    """GPTQ's sweeps for every expert predicted from the swept experts' rate at the deepest depth that swept any:
-    sweeps per GPTQ arm / experts swept per arm (the middle of the arms' range) = seconds an expert; times every
-    expert of the published depth, times the README's GPTQ arms. "" where no expert was swept."""
+def log_split(builds: list) -> tuple[list[float], dict[str, float]]:
+    """From a gate's build lines [(arm, quantise s)] (`runlog.measured_builds`): the experts-only GPTQ arms' quantise
+    times, and {draw: what the experts+attn arm of that draw took over the experts-only arm of the same draw} (its
+    attention's GPTQ: the two differ only in attention's sweeps) for each draw the log holds in both kinds."""
+    from .runlog import kind_of
+    only = {a: q for a, q in builds if kind_of(a) == "gptq"}
+    both = {a.replace("/experts+attn/", "/experts/"): q for a, q in builds if kind_of(a) == "gptq/experts+attn"}
+    return list(only.values()), {a.rsplit(" ", 1)[-1]: q - only[a] for a, q in both.items() if a in only}
+
+
+def gptq_rate_text(arch: str, depths: dict, log=None) -> str:
+    """GPTQ's time for every expert predicted from the swept experts' rate at the deepest depth that swept any
+    (experts swept per arm: the middle of the stored rows' range). With the stage log beside the receipt (`log`,
+    whose build lines for that depth hold every GPTQ arm the receipt counts): the rate is the experts-only GPTQ arms'
+    mean quantise time per swept expert (an upper bound for the sweep: the quantise time holds the arm's calibration
+    forwards), and the prediction is the README's GPTQ arms x that rate x every expert of the published depth, plus
+    the experts+attn arms' extra over the experts-only arm of the same draw (attention's sweeps), scaled to the
+    README's GPTQ arms and the published depth. Without a log: the receipt's sweeps per GPTQ arm / experts swept,
+    a rate that holds the experts+attn arms' attention sweeps too. "" where no expert was swept."""
     from int4lab.archs import ARCHS
     swept = {L: v for L, v in gptq_swept(depths).items() if v[0] > 0}
     if not swept:
@@ -239,17 +254,57 @@ def gptq_rate_text(arch: str, depths: dict) -> str:
     arms, arms_def = (g.get("arms_by_kind") or {}).get("gptq", 0), dft.get("arms")
     if not arms or not arms_def or g.get("gptq_sweep_s") is None:
         return ""
+    layers = ARCHS[arch].published.config["num_hidden_layers"]
+    every = t // int(L) * layers
+    rows = [line for line in g.get("table") or [] if _FALLBACK.search(line)]
+    attn_rows = sum("/experts+attn/" in line for line in rows)
+    whose = ("the experts+attn arms' rows, taken for the experts-only arms of the same draws too (their own "
+             "counts are not stored)" if attn_rows == len(rows) else
+             "the experts-only arms' rows, taken for the experts+attn arms too" if not attn_rows else
+             "taken for every arm")
+    from .runlog import kind_of, measured_builds
+    builds = []
+    if log is not None and log.exists():
+        builds = (measured_builds(log.read_text(encoding="utf-8", errors="replace")).get(arch) or {}).get(L) or []
+    gptq_q = [q for a, q in builds if kind_of(a).startswith("gptq")]
+    only, extra = log_split(builds)
+    if only and len(gptq_q) == arms:
+        mean = sum(only) / len(only)
+        rate = mean / ((lo + hi) / 2)
+        per_arm = rate * every
+        attn = sum(extra.values()) * arms_def / arms * layers / int(L)
+        total = per_arm * arms_def + attn
+        scaled = "" if arms_def == arms and layers == int(L) else (
+            f", {attn:.0f} s scaled to the README's {arms_def} GPTQ arms and {layers} layers")
+        # at the published depth the measured gate itself, with GPTQ's quantising replaced by the prediction
+        tail = (f"; the rest of the gate on top: in place of the {sum(gptq_q):.3g} s the log's GPTQ arms took, a gate "
+                f"of about {g['s'] - sum(gptq_q) + total:.0f} s with every expert swept (not run)"
+                if int(L) == layers and g.get("s") else "; the rest of the gate comes on top")
+        return (f" At that routing GPTQ's rate, from the {_layers(L)} depth's build lines in "
+                f"`data/receipts/{log.name}`: the {len(only)} experts-only GPTQ arms quantised in {mean:.3g} s each "
+                f"(mean) over {_share(lo, hi, t).split(' (')[0]} swept = {rate:.3g} s an expert, an upper bound for "
+                f"its sweep (an arm's quantise time holds its calibration forwards too, "
+                f"{g.get('gptq_forward_s') or 0:.3g} s over the receipt's {arms} GPTQ arms; the swept counts are the "
+                f"stored table's GPTQ rows, {len(rows)} rows, {whose}); each experts+attn arm took "
+                + ", ".join(f"{v:.3g}" for v in extra.values())
+                + f" s more than the experts-only arm of the same draw ({', '.join(extra)}; attention's GPTQ: its "
+                f"sweeps and any calibration forward time it adds), {sum(extra.values()):.3g} s in all against the "
+                f"receipt's {g['gptq_sweep_s']:.3g} s of sweeps. Every expert at "
+                f"the published depth ({every:,}) at that rate: {per_arm:.0f} s per GPTQ arm, "
+                f"{per_arm * arms_def:.0f} s for the README's {arms_def} GPTQ arms, plus attention's "
+                f"{sum(extra.values()):.3g} s{scaled}: {total:.0f} s ({total / 60:.0f} min) of GPTQ quantising, "
+                f"calibration forwards included (a prediction that scales the forwards with the experts swept, so "
+                f"it leans high){tail}.")
     rate = g["gptq_sweep_s"] / arms / ((lo + hi) / 2)
-    every = t // int(L) * ARCHS[arch].published.config["num_hidden_layers"]
     per_arm = rate * every
-    stored = sum(bool(_FALLBACK.search(line)) for line in g.get("table") or [])
     return (f" At that routing GPTQ's rate, from the {_layers(L)} depth: {g['gptq_sweep_s']:.3g} s of column sweeps "
             f"over {arms} GPTQ arms of {_share(lo, hi, t).split(' (')[0]} swept = {rate:.3g} s an expert (the swept "
-            f"counts are those of the stored table's GPTQ rows, {stored} rows, taken for every arm; the experts+attn "
-            f"arms' attention sweeps are counted in the rate, so it leans high); every expert at the published "
+            f"counts are the stored table's GPTQ rows, {len(rows)} rows, {whose}; the sweeps are every GPTQ arm's, "
+            f"so the rate also holds the experts+attn arms' attention sweeps, which no log beside this receipt "
+            f"separates from the experts': an upper bound for an expert); every expert at the published "
             f"depth ({every:,}) at that rate: {per_arm:.0f} s per GPTQ arm, {per_arm * arms_def:.0f} s "
-            f"({per_arm * arms_def / 60:.0f} min) for the README's {arms_def} GPTQ arms (a prediction from the swept "
-            f"experts' rate; the calibration forwards and the rest of the gate come on top).")
+            f"({per_arm * arms_def / 60:.0f} min) for the README's {arms_def} GPTQ arms (a prediction from that "
+            f"upper-bound rate; the calibration forwards and the rest of the gate come on top).")
 
 
 def one_depth(a: dict) -> bool:
@@ -258,7 +313,7 @@ def one_depth(a: dict) -> bool:
                for v in ((a.get("extrapolation") or {}).get("fits") or {}).values())
 
 
-def one_depth_text(arch: str, a: dict) -> str:
+def one_depth_text(arch: str, a: dict, log=None) -> str:
     """A fit-mode run that measured one depth: no full-depth time is read off it; what it holds is the measured
     depth, the share GPTQ swept and GPTQ's rate."""
     depths = a.get("depths", {})
@@ -266,7 +321,7 @@ def one_depth_text(arch: str, a: dict) -> str:
                        f"{'' if d.get('skipped') else (d.get('error') or {}).get('error') or 'not run'}"
                        for L, d in sorted(depths.items(), key=lambda kv: int(kv[0])) if not d.get("gate"))
     return (f"One depth measured ({missed}): a line needs two, so no full-depth time or memory is read off this run"
-            + command_text(depths).replace(" with", "; it ran with") + "." + swept_text(arch, depths))
+            + command_text(depths).replace(" with", "; it ran with") + "." + swept_text(arch, depths, log))
 
 
 def pack_text(path, r: dict, prov: str) -> str:
@@ -298,7 +353,7 @@ def _ticket_cost(g: dict) -> str:
             f"({t / r:.2f}×)")
 
 
-def full_text(arch: str, a: dict, r: dict) -> str:
+def full_text(arch: str, a: dict, r: dict, log=None) -> str:
     """The targets of a full-depth run (`--full`), from its receipt: the gate's time against the architecture's
     target, the time outside the forwards and GPTQ's column sweeps against the forwards' own time, the tickets
     per round-to-nearest arm, and the receipt's gate / forwards beside TARGET_RATIO."""
@@ -322,4 +377,4 @@ def full_text(arch: str, a: dict, r: dict) -> str:
             + _ticket_cost(g)
             + f". The receipt's gate / forwards, sweeps and building included, is {f['gate_over_forwards']:.2f} "
               f"(`TARGET_RATIO` {ratio_t} in `lab/realscale_gate.py`: "
-              f"{'met' if f['gate_over_forwards'] <= ratio_t else 'missed'})." + swept_text(arch, a["depths"]))
+              f"{'met' if f['gate_over_forwards'] <= ratio_t else 'missed'})." + swept_text(arch, a["depths"], log))

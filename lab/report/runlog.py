@@ -12,6 +12,9 @@ _CKPT = re.compile(r"checkpoint ([\d.]+) GiB written in ([\d.]+) s")
 _TOKENS = re.compile(r"(\d+) tokens in (\d+) forwards per model; window (\d+)")
 _BUILT = re.compile(r"built (.+?) in ([\d.]+) s \(quantise ([\d.]+) s\)")
 _GROUP = re.compile(r"group (\d+): (\d+) arms scored in ([\d.]+) s")
+# the line that ends a measured gate (a warm-up gate's line says "warm-up gate" and ends an unmeasured one)
+_GATE_END = re.compile(r"(\w+) (\d+) layers: gate [\d.]+ s")
+_WARMUP_END = re.compile(r"\d+ layers: warm-up gate ")
 # lab/gpu_run.sh's stage marks: seconds since the script began
 _MARK = re.compile(r"^== (.+?) \((\d+) s in\)$", re.M)
 
@@ -20,6 +23,23 @@ def kind_of(arm: str) -> str:
     """'gptq', 'lottery' or 'rtn' (+ '/experts+attn' when attention is quantised too) of an arm's name."""
     kind = "gptq" if arm.startswith("gptq") else "lottery" if "lottery#" in arm else "rtn"
     return kind + ("/experts+attn" if "/experts+attn/" in arm else "")
+
+
+def measured_builds(text: str) -> dict[str, dict[str, list[tuple[str, float]]]]:
+    """{arch: {depth: [(arm, quantise s)]}}: the build lines of each measured gate in a stage log, those between the
+    line that ended the previous gate (or an unmeasured warm-up gate, whose arms are left out) and the line that ends
+    the depth's gate; a gate whose end line the log lacks is left out."""
+    out: dict = {}
+    built: list = []
+    for line in text.splitlines():
+        if m := _BUILT.search(line):
+            built.append((m[1], float(m[3])))
+        elif _WARMUP_END.search(line):
+            built = []
+        elif m := _GATE_END.search(line):
+            out.setdefault(m[1], {})[m[2]] = built
+            built = []
+    return out
 
 
 def summary(text: str) -> dict:

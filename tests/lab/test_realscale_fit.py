@@ -151,3 +151,40 @@ def test_a_fit_with_min_rows_lowered_sweeps_every_expert():
     d["1"]["gate"]["table"] = ["gptq PASS (GPTQ→RTN fallback: 1 of 8 experts)"]
     t = swept_text("mixtral", d)
     assert "7 of 8 experts" in t and "`--min-rows 1`: an expert needs 1 routed row)" in t and "K = 14336" not in t
+
+
+def test_a_log_beside_the_receipt_splits_gptq_by_kind(tmp_path):
+    # the stage log's build lines: a warm-up gate's arms are left out, the measured gate's GPTQ arms are split into
+    # experts-only (the rate) and experts+attn (their extra over the experts-only arm of the same draw: attention)
+    from lab.report.realscale_fit import gptq_rate_text, log_split
+    from lab.report.runlog import measured_builds
+    log = tmp_path / "realscale_gate_full_olmoe_h100.log"
+    log.write_text("built gptq/experts/W4A8 draw#0 in 9.0 s (quantise 9.0 s)\n"
+                   "olmoe 16 layers: warm-up gate 57.6 s (not measured)\n"
+                   "built rtn/experts/W4A8 in 0.8 s (quantise 0.3 s)\n"
+                   "built gptq/experts/W4A8 draw#0 in 8.4 s (quantise 8.0 s)\n"
+                   "built gptq/experts/W4A8 draw#1 in 8.0 s (quantise 6.0 s)\n"
+                   "built gptq/experts+attn/W4A8 draw#0 in 22.5 s (quantise 20.0 s)\n"
+                   "built gptq/experts+attn/W4A8 draw#1 in 26.6 s (quantise 26.0 s)\n"
+                   "[16:03:22 + 343.2s] olmoe 16 layers: gate 300.0 s, GPU peak 72.8 GiB, gate / forwards 2.16\n")
+    builds = measured_builds(log.read_text())["olmoe"]["16"]
+    assert len(builds) == 5 and ("gptq/experts/W4A8 draw#0", 8.0) in builds
+    assert log_split(builds) == ([8.0, 6.0], {"draw#0": 12.0, "draw#1": 20.0})
+    row = "gptq/experts+attn/W4A8 draw#{} test PASS (GPTQ→RTN fallback: {} of 1024 experts)"
+    g = {"s": 300.0, "arms_by_kind": {"gptq": 4}, "gptq_sweep_s": 60.0, "gptq_forward_s": 8.0,
+         "table": [row.format(0, 774), row.format(1, 774)]}
+    depths = {"16": {"gate": g, "defaults": {"gptq": {"arms": 4}}}}
+    t = gptq_rate_text("olmoe", depths, log)
+    # 7 s mean over 250 swept = 0.028 s an expert; 1024 experts: 28.7 s an arm, 115 s for 4; + 32 s of attention
+    assert "the 2 experts-only GPTQ arms quantised in 7 s each (mean)" in t and "= 0.028 s an expert" in t
+    assert "an upper bound for its sweep" in t and "taken for the experts-only arms of the same draws" in t
+    assert "took 12, 20 s more than the experts-only arm of the same draw" in t
+    assert "115 s for the README's 4 GPTQ arms, plus attention's 32 s: 147 s" in t
+    # the gate at the published depth with GPTQ's measured quantising (60 s) replaced by the prediction
+    assert "in place of the 60 s the log's GPTQ arms took, a gate of about 387 s" in t
+    # no log, or one whose GPTQ arms are not the receipt's: the sweeps' rule, which names the attention it holds
+    for other in (None, tmp_path / "absent.log"):
+        t = gptq_rate_text("olmoe", depths, other)
+        assert "= 0.06 s an expert" in t and "also holds the experts+attn arms' attention sweeps" in t
+    g["arms_by_kind"]["gptq"] = 6
+    assert "build lines" not in gptq_rate_text("olmoe", depths, log)
