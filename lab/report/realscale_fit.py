@@ -137,6 +137,19 @@ def _points(fit: dict) -> str:
     return "; ".join(f"{_layers(L)} {v:.3g} s" for L, v in fit["points"].items())
 
 
+def step_lines(fit: dict, n: int) -> list[float]:
+    """Full-depth values of the lines through each pair of neighbouring measured depths, when the depths grow faster
+    than a line (each step per layer at least the one before, three or more depths; [] otherwise): with every later
+    layer costing at least the cheapest measured step, the least of them bounds the full depth from below."""
+    pts = sorted(((int(L), v) for L, v in (fit.get("points") or {}).items()), key=lambda p: p[0])
+    if len(pts) < 3 or any(v is None for _, v in pts):
+        return []
+    slopes = [(v1 - v0) / (L1 - L0) for (L0, v0), (L1, v1) in zip(pts, pts[1:])]
+    if any(b < a for a, b in zip(slopes, slopes[1:])) or slopes[0] <= 0:
+        return []
+    return [v1 + (n - L1) * k for ((_, _), (L1, v1)), k in zip(zip(pts, pts[1:]), slopes)]
+
+
 def gptq_text(arch: str, ex: dict, depths: dict, card_bytes, fitted, gb, log=None) -> str:
     """The GPTQ line under a fit's table: sweeps and calibration forwards fitted to full depth, each with its own
     points; the depths' placement (all on the GPU, and whether the GPU-peak fit passes the card at full depth); the
@@ -152,7 +165,14 @@ def gptq_text(arch: str, ex: dict, depths: dict, card_bytes, fitted, gb, log=Non
         moved = cap.get("source_exceeds_cap") or (cap and peak and card_bytes and peak > card_bytes)
         # a part of the total the line does not describe leaves the total's verdict open, however straight it looks
         off = [k for k in ("gptq_sweep_default_s", "gptq_forward_default_s") if k in f and fitted(f, k) == "undecided"]
-        verdict = ("" if not t.get("target") else f" (target ≤ {t['target']:.0f} s: undecided)" if v == "undecided"
+        steps = step_lines(d, n)
+        verdict = ("" if not t.get("target") else
+                   f" (target ≤ {t['target']:.0f} s: missed on every line through two neighbouring depths, "
+                   f"{min(steps):.0f}-{max(steps):.0f} s: the depths grow faster than a line, each layer costing more "
+                   f"than the one before, so a run as deep as the published model takes at least the least of these "
+                   f"if no later layer costs less than the cheapest one measured)"
+                   if v == "undecided" and steps and min(steps) > t["target"] else
+                   f" (target ≤ {t['target']:.0f} s: undecided)" if v == "undecided"
                    else f" (target ≤ {t['target']:.0f} s: undecided, a line through two depths is not tested by "
                         "either)" if two_depths(d)
                    else f" (target ≤ {t['target']:.0f} s: undecided, the line does not describe its part "
@@ -218,6 +238,10 @@ def swept_text(arch: str, depths: dict, log=None) -> str:
     head = (f" With {tokens:,} calibration tokens per draw ({'the README' if default else 'not the README'}'s default"
             f"{held}) GPTQ swept " + ", ".join(f"{_share(lo, hi, t)} at {_layers(L)}" for L, (lo, hi, t) in swept.items())
             + " (over the GPTQ arms whose rows the receipt's stored table holds)")
+    if m == 1:
+        return head + ("; the rest had no routed calibration row at all (`--min-rows 1`: an expert needs one), so no "
+                       "calibration sweeps them: the sweeps' times are GPTQ's for every expert the calibration "
+                       "reaches.")
     if all(lo == t for lo, _, t in swept.values()):
         return head + ": every expert, so the sweeps' times are GPTQ's for all experts at this calibration size."
     return head + (f"; the rest fell back to round-to-nearest (fewer routed calibration rows than `min_rows`{need}), so "
@@ -242,8 +266,10 @@ def gptq_rate_text(arch: str, depths: dict, log=None) -> str:
     mean quantise time per swept expert (an upper bound for the sweep: the quantise time holds the arm's calibration
     forwards), and the prediction is the README's GPTQ arms x that rate x every expert of the published depth, plus
     the experts+attn arms' extra over the experts-only arm of the same draw (attention's sweeps), scaled to the
-    README's GPTQ arms and the published depth. Without a log: the receipt's sweeps per GPTQ arm / experts swept,
-    a rate that holds the experts+attn arms' attention sweeps too. "" where no expert was swept."""
+    README's GPTQ arms and the published depth; it leans high, since a layer's experts share a batched sweep.
+    Without a log: no prediction (the receipt's sweeps also hold the attention sweeps, and a batched sweep's cost
+    is not proportional to the experts in it), a pointer to the architecture's `--min-rows 1` receipt where the
+    log's folder holds one. "" where no expert was swept."""
     from int4lab.archs import ARCHS
     swept = {L: v for L, v in gptq_swept(depths).items() if v[0] > 0}
     if not swept:
@@ -295,16 +321,12 @@ def gptq_rate_text(arch: str, depths: dict, log=None) -> str:
                 f"{sum(extra.values()):.3g} s{scaled}: {total:.0f} s ({total / 60:.0f} min) of GPTQ quantising, "
                 f"calibration forwards included (a prediction that scales the forwards with the experts swept, so "
                 f"it leans high){tail}.")
-    rate = g["gptq_sweep_s"] / arms / ((lo + hi) / 2)
-    per_arm = rate * every
-    return (f" At that routing GPTQ's rate, from the {_layers(L)} depth: {g['gptq_sweep_s']:.3g} s of column sweeps "
-            f"over {arms} GPTQ arms of {_share(lo, hi, t).split(' (')[0]} swept = {rate:.3g} s an expert (the swept "
-            f"counts are the stored table's GPTQ rows, {len(rows)} rows, {whose}; the sweeps are every GPTQ arm's, "
-            f"so the rate also holds the experts+attn arms' attention sweeps, which no log beside this receipt "
-            f"separates from the experts': an upper bound for an expert); every expert at the published "
-            f"depth ({every:,}) at that rate: {per_arm:.0f} s per GPTQ arm, {per_arm * arms_def:.0f} s "
-            f"({per_arm * arms_def / 60:.0f} min) for the README's {arms_def} GPTQ arms (a prediction from that "
-            f"upper-bound rate; the calibration forwards and the rest of the gate come on top).")
+    allx = [q.name for q in sorted(log.parent.glob(f"realscale_gate_{arch}_allexperts_*.json"))] if log else []
+    return (" GPTQ sweeps a layer's experts in batches (as many as its scratch budget holds: a quarter of the free GPU memory, at most 16 GiB, "
+            "`int4lab/quantize/driver.py`), so its time does not grow in proportion to the experts swept, and no "
+            "prediction for every expert is read off this share"
+            + (f"; `data/receipts/{allx[0]}` measures it with every expert that calibration reaches swept "
+               "(`--min-rows 1`)." if allx else "."))
 
 
 def one_depth(a: dict) -> bool:

@@ -114,8 +114,8 @@ def test_gptq_over_every_expert_predicted_from_the_swept_rate():
          "source_bytes": {"cuda": 1}, "table": ["gptq PASS (GPTQ→RTN fallback: 5 of 8 experts)"]}
     depths = {"1": {"gate": g, "defaults": {"gptq": {"arms": 6}}}, "2": {"skipped": "predicted 107 s, 70 s left"}}
     t = gptq_rate_text("mixtral", depths)
-    # 12 s / 2 arms / 3 swept = 2 s an expert; 32 layers x 8 experts = 256 at that rate: 512 s an arm, 3072 s for 6
-    assert "= 2 s an expert" in t and "(256)" in t and "512 s per GPTQ arm, 3072 s (51 min)" in t
+    # no log beside the receipt: a batched sweep's cost is not proportional to its experts, so no prediction
+    assert "in batches" in t and "no prediction for every expert" in t and "s an expert" not in t
     g["table"] = ["gptq PASS (GPTQ→RTN fallback: 8 of 8 experts)"]
     assert gptq_rate_text("mixtral", depths) == ""                      # nothing swept: no rate
     a = {"depths": depths, "extrapolation": {"fits": {"gate_s": {"fit": "one depth: fixed taken as 0"}}}}
@@ -150,7 +150,7 @@ def test_a_fit_with_min_rows_lowered_sweeps_every_expert():
     d["1"]["gate"]["settings"] = {"calib_tokens": 16384, "min_rows": 1}
     d["1"]["gate"]["table"] = ["gptq PASS (GPTQ→RTN fallback: 1 of 8 experts)"]
     t = swept_text("mixtral", d)
-    assert "7 of 8 experts" in t and "`--min-rows 1`: an expert needs 1 routed row)" in t and "K = 14336" not in t
+    assert "7 of 8 experts" in t and "the rest had no routed calibration row at all" in t and "K = 14336" not in t
 
 
 def test_a_log_beside_the_receipt_splits_gptq_by_kind(tmp_path):
@@ -185,6 +185,27 @@ def test_a_log_beside_the_receipt_splits_gptq_by_kind(tmp_path):
     # no log, or one whose GPTQ arms are not the receipt's: the sweeps' rule, which names the attention it holds
     for other in (None, tmp_path / "absent.log"):
         t = gptq_rate_text("olmoe", depths, other)
-        assert "= 0.06 s an expert" in t and "also holds the experts+attn arms' attention sweeps" in t
+        assert "no prediction for every expert" in t and "s an expert" not in t
+    (tmp_path / "realscale_gate_olmoe_allexperts_h100.json").write_text("{}")
+    assert "`data/receipts/realscale_gate_olmoe_allexperts_h100.json` measures it" in gptq_rate_text(
+        "olmoe", depths, tmp_path / "absent.log")
     g["arms_by_kind"]["gptq"] = 6
     assert "build lines" not in gptq_rate_text("olmoe", depths, log)
+
+
+def test_depths_that_grow_faster_than_a_line_bound_the_full_depth_from_below():
+    from lab.report.realscale_fit import step_lines
+    fit = {"points": {"1": 166.0, "2": 291.0, "3": 507.0}}
+    # steps of 125 and 216 s a layer: lines through (1, 2) and (2, 3) carried to 32 layers
+    assert [round(v) for v in step_lines(fit, 32)] == [4041, 6771]
+    assert step_lines({"points": {"1": 166.0, "2": 291.0, "3": 380.0}}, 32) == []     # a step shrinks: no bound
+    assert step_lines({"points": {"1": 166.0, "2": 291.0}}, 32) == []                  # two depths test nothing
+    ex = {"full_layers": 32, "fits": {"default_gate_s": {**fit, "fixed": -19.5, "per_layer": 170.3},
+                                      "gptq_sweep_default_s": {"points": {"1": 63.0, "2": 131.0, "3": 304.0},
+                                                               "fixed": -75.0, "per_layer": 120.6}},
+          "targets": {"gate_s": {"target": 3600.0}}}
+    text = gptq_text("mixtral", ex, _depths(), 8.5e10, lambda f, k, *a: "undecided", str)
+    assert "(target ≤ 3600 s: missed on every line through two neighbouring depths, 4041-6771 s" in text
+    ex["targets"]["gate_s"]["target"] = 5000.0
+    assert "(target ≤ 5000 s: undecided)" in gptq_text("mixtral", ex, _depths(), 8.5e10,
+                                                        lambda f, k, *a: "undecided", str)
