@@ -60,16 +60,17 @@ def not_measured(a: str) -> str:
 
 
 def load(archs) -> dict:
-    """{arch: receipt} of data/receipts/gate_<arch>.json. ValueError for a receipt from an older gate (some arms
-    on a subset of documents, or no development / held-out split), naming the command that regenerates it."""
+    """{arch: receipt} of data/receipts/gate_<arch>.json. ValueError, naming the command that regenerates it, for
+    a receipt whose `settings.scored` is not "every arm on every document" or that has no development / held-out
+    split or no choice."""
     out = {}
     for a in archs:
         r = read_receipt(RECEIPTS / f"gate_{a}.json")
         if r.get("settings", {}).get("scored") != SCORED:
-            raise ValueError(f"data/receipts/gate_{a}.json scored some arms on a subset of documents (an older "
-                             f"gate): regenerate it with `{regenerate(a)}`")
+            raise ValueError(f"data/receipts/gate_{a}.json does not record every arm scored on every document "
+                             f"(settings.scored is not {SCORED!r}): regenerate it with `{regenerate(a)}`")
         if "split" not in r or "choice" not in r:
-            raise ValueError(f"data/receipts/gate_{a}.json has no development / held-out split (an older gate): "
+            raise ValueError(f"data/receipts/gate_{a}.json has no development / held-out split or no choice: "
                              f"regenerate it with `{regenerate(a)}`")
         out[a] = r
     return out
@@ -81,8 +82,7 @@ def field(receipts: dict, a: str, *keys):
     for i, k in enumerate(keys):
         if not isinstance(v, (dict, list)) or (isinstance(v, dict) and k not in v):
             raise KeyError(f"data/receipts/gate_{a}.json has no field {'/'.join(map(str, keys[:i + 1]))!r}: "
-                           f"regenerate it with `{receipts[a]['provenance']['command']}` from a version of "
-                           "int4lab.gate that writes it")
+                           f"regenerate it with `{receipts[a]['provenance']['command']}`")
         v = v[k]
     return v
 
@@ -276,6 +276,15 @@ def judgement_again(receipt: dict, scheme: str = GPTQ) -> dict:
 def choice_again(receipt: dict) -> str:
     """`gate.choose` applied again to the stored development CIs of every arm but the lottery tickets."""
     return choose({n: a["dev"] for n, a in receipt["arms"].items() if a["kind"] != "lottery"})["chosen"]
+
+
+def choice_halves(receipt: dict) -> dict:
+    """The chosen pack's verdict, by `gate.verdict` with the receipt's budget, on each document set:
+    {"held-out", "development", "all documents"} -> verdict string. The held-out one is the gate's; the other two
+    show whether it holds across the split (the development one is read on the documents it was chosen on)."""
+    arm = receipt["arms"][receipt["choice"]["chosen"]]
+    sets = {"held-out": arm["held_out"], "development": arm["dev"], "all documents": arm["texts"]}
+    return {k: verdict(v, receipt["budget"])["verdict"] for k, v in sets.items()}
 
 
 def reproduces(live: dict, stored: dict, fraction: float = RERUN_FRACTION) -> dict:
