@@ -150,6 +150,12 @@ def step_lines(fit: dict, n: int) -> list[float]:
     return [v1 + (n - L1) * k for ((_, _), (L1, v1)), k in zip(zip(pts, pts[1:]), slopes)]
 
 
+def _steps(fit: dict, n: int) -> str:
+    steps = step_lines(fit, n)
+    return (f"; each step larger than the last: the lines through neighbouring depths give "
+            f"{min(steps):.0f}-{max(steps):.0f} s" if steps else "")
+
+
 def gptq_text(arch: str, ex: dict, depths: dict, card_bytes, fitted, gb, log=None) -> str:
     """The GPTQ line under a fit's table: sweeps and calibration forwards fitted to full depth, each with its own
     points; the depths' placement (all on the GPU, and whether the GPU-peak fit passes the card at full depth); the
@@ -167,10 +173,10 @@ def gptq_text(arch: str, ex: dict, depths: dict, card_bytes, fitted, gb, log=Non
         off = [k for k in ("gptq_sweep_default_s", "gptq_forward_default_s") if k in f and fitted(f, k) == "undecided"]
         steps = step_lines(d, n)
         verdict = ("" if not t.get("target") else
-                   f" (target ≤ {t['target']:.0f} s: missed on every line through two neighbouring depths, "
-                   f"{min(steps):.0f}-{max(steps):.0f} s: the depths grow faster than a line, each layer costing more "
-                   f"than the one before, so a run as deep as the published model takes at least the least of these "
-                   f"if no later layer costs less than the cheapest one measured)"
+                   f" (target ≤ {t['target']:.0f} s: the depths grow faster than a line, each layer costing more than "
+                   f"the one before, and every line through two neighbouring depths passes the target, "
+                   f"{min(steps):.0f}-{max(steps):.0f} s: missed if no later layer costs less than the cheapest one "
+                   f"measured)"
                    if v == "undecided" and steps and min(steps) > t["target"] else
                    f" (target ≤ {t['target']:.0f} s: undecided)" if v == "undecided"
                    else f" (target ≤ {t['target']:.0f} s: undecided, a line through two depths is not tested by "
@@ -188,7 +194,7 @@ def gptq_text(arch: str, ex: dict, depths: dict, card_bytes, fitted, gb, log=Non
     text = whole + (f"GPTQ at the README's defaults{command_text(depths)} (every draw of both targets), each depth scaled "
             f"by `lab.realscale_predict` "
             f"and fitted to {n} layers: column sweeps {fitted(f, 'gptq_sweep_default_s')} (points by depth: "
-            f"{_points(f['gptq_sweep_default_s'])}), calibration forwards {fitted(f, 'gptq_forward_default_s')}"
+            f"{_points(f['gptq_sweep_default_s'])}{_steps(f['gptq_sweep_default_s'], n)}), calibration forwards {fitted(f, 'gptq_forward_default_s')}"
             + (f" (points: {_points(f['gptq_forward_default_s'])})" if "gptq_forward_default_s" in f else "") + ".")
     if all_on_gpu(depths):
         peak = (f.get("gpu_peak_bytes") or {}).get("full_depth")

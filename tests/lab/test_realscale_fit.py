@@ -205,7 +205,8 @@ def test_depths_that_grow_faster_than_a_line_bound_the_full_depth_from_below():
                                                                "fixed": -75.0, "per_layer": 120.6}},
           "targets": {"gate_s": {"target": 3600.0}}}
     text = gptq_text("mixtral", ex, _depths(), 8.5e10, lambda f, k, *a: "undecided", str)
-    assert "(target ≤ 3600 s: missed on every line through two neighbouring depths, 4041-6771 s" in text
+    assert "every line through two neighbouring depths passes the target, 4041-6771 s: missed if no later" in text
+    assert "sweeps undecided (points by depth: 1 layer 63 s; 2 layers 131 s; 3 layers 304 s; each step larger" in text
     ex["targets"]["gate_s"]["target"] = 5000.0
     assert "(target ≤ 5000 s: undecided)" in gptq_text("mixtral", ex, _depths(), 8.5e10,
                                                         lambda f, k, *a: "undecided", str)
