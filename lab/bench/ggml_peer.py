@@ -12,7 +12,9 @@ so a shape whose weights fit in L2 (tens of MB) may be read partly from cache; a
 Rows say so (`timer`), and the report marks them. `--rotated` adds a second timing of the same cases by a small
 harness over the built ggml library that times like the bench (weight copies rotated past 4x L2, ggml's CUDA
 graphs, median of 20 samples of >= 16 ops (one op per weight copy per graph call, ceil(16 / copies) calls),
-host wall clock per sample): impls `llamacpp_<type>_rot[_moe]`.
+host wall clock per sample): impls `llamacpp_<type>_rot[_moe]`. That is the harness this merge expects, not a
+record of the run: each file's `timer` is a fixed string of TIMERS, not read from the file, and the merge records
+no date, device or command of the ggml runs (the receipt's provenance is the bench's own).
 
 A MoE row is a sum of one token's routed expert matmuls (MUL_MAT_ID), `parts_us`: `gate_up` is twice the one
 timed [I, H] op (llama.cpp keeps gate and up as separate expert tensors of that shape, so one timing is counted
@@ -36,6 +38,8 @@ from .shapes import MODELS, all_shapes, by_priority
 TYPES = ("q4_0", "q4_K")
 # bytes per block, weights per block (ggml's block_q4_0: fp16 scale + 16 B of nibbles; block_q4_K: 144 B / 256)
 BLOCK = {"q4_0": (18, 32), "q4_K": (144, 256)}
+# the timer label each merged row and file gets, by which option its file came in (--ggml or --rotated): fixed
+# descriptions of the timer the merge expects, not read from the ggml output
 TIMERS = {"": "ggml test-backend-ops perf: eager stream, the same weights re-read (no rotation; L2 may hold small "
               "shapes)",
           "_rot": "harness over ggml: weight copies rotated past 4x L2, ggml CUDA graphs, median of 20 samples of "
@@ -160,8 +164,9 @@ def rows(timed, rec, source: str, way: str = "") -> list[dict]:
 
 def merge(receipt: Path, ggml_out: Path, source: str, rotated: Path | None = None) -> dict:
     """Replace the receipt's llama.cpp rows with those parsed from `ggml_out` (test-backend-ops) and `rotated`
-    (the harness, optional); record the source, timers and unsupported cases under "llamacpp". Written
-    atomically; the receipt's provenance is kept as it was."""
+    (the harness, optional); record the source, timers (TIMERS' fixed labels) and unsupported cases under
+    "llamacpp". Written atomically; the receipt's provenance is kept as it was, and nothing records when or on
+    which device the ggml output was made."""
     from int4lab.files import write_text_atomic
     from lab.bench.schema import LLAMACPP_IMPLS, validate_receipt
     rec = json.loads(Path(receipt).read_text())

@@ -236,8 +236,10 @@ def target_definitions() -> str:
         "",
         "The **read floor** of a row is the time of a kernel that only reads the same int4-b32 bytes, timed the same "
         "way in the same run (`lab/bench/floor.py`), so every ratio of a row the bench timed is measured on one GPU in "
-        "one run; the llama.cpp columns are ggml's own timings from a separate process and other timers (their "
-        "footnotes), so their ratios cross timers. The Marlin timed is " + MARLIN_BUILD + ".",
+        "one run; the llama.cpp columns are ggml's own timings from separate processes and other timers (their "
+        "footnotes), merged into the receipt afterwards (`lab/bench/ggml_peer.py`), which records neither when nor on "
+        "which device those processes ran (only the merged files' names say H100), so their ratios cross timers and "
+        "rest on those runs having used the same card. The Marlin timed is " + MARLIN_BUILD + ".",
     ])
 
 
