@@ -18,7 +18,7 @@ from lab.provenance import read_receipt
 ANCHORS = RECEIPTS / "anchors"
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
 LLAMA = "llama.cpp Q4_0 (recorded)"
-# peers timed in the receipt; llama.cpp's rows: ggml on the same card, by its own eager timer and by the bench's
+# peers timed in the receipt; llama.cpp's rows: ggml (its file named for the card; time and device not recorded), by its own eager timer and by the bench's
 GEMV_PEERS = ("w4a16_cutlass", "bf16", "tinygemm", "gemlite", "marlin", "llamacpp_q4_0", "llamacpp_q4_0_rot")
 MOE_PEERS = ("bf16_loop", "grouped_mm")
 MOE_LLAMA = ("llamacpp_q4_0_moe", "llamacpp_q4_0_rot_moe")
