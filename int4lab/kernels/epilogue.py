@@ -113,7 +113,7 @@ def finish_rows(y, valid, r, m_mask, out_ptr, part_ptr, cnt_ptr, tw_ptr, split, 
                 else:
                     acc += yj
             tl.store(out_ptr + t[:, None] * N + offs_n[None, :], to_bf16_rne(acc), mask=lmask)
-            # ready for the next launch (graph replay). Relaxed: nothing in this launch reads it, and the kernel
-            # boundary orders it before the next launch's arrivals; acq_rel's MEMBAR first waited for the bf16
-            # stores, one more L2 round trip at the end of the launch (-2 to -2.5 %: notes/kernels.md, the misses)
+            # the counter back to zero, ready for the next launch (a captured graph replays without a memset).
+            # Relaxed: nothing in this launch reads it again, and the kernel boundary orders it before the next
+            # launch's arrivals
             tl.atomic_xchg(cnt_ptr + tile, 0, mask=last, sem="relaxed")
