@@ -6,9 +6,10 @@ T = output rows, A = rows combined into one output row (MoE top-k, else 1).
     gemv_int4_b32(xq, xs, packed, scales, eids, N, K)   routed W4A8 on int8 codes      -> bf16 [R, N]
     int4_linear(x, packed, scales, act)                  dense W4A8 / W4A16 on float x  -> bf16 [..., N]
 
-W4A8 runs gemv_dp4a.py (every plan-table row); act="bf16" runs gemv_w4a16.py. Every W4A8 call is ONE
-launch: the activation is quantised inside the GEMV (quant.quant_blocks, the codes of quant_x_rows) and
-split-K partials are finished by the last-arriving program (epilogue.finish_rows).
+W4A8 runs gemv_dp4a.py (every plan-table row); act="bf16" runs gemv_w4a16.py. A W4A8 call on float
+activations (int4_linear, the MoE step's routed GEMVs) is ONE launch: the activation is quantised inside the
+GEMV (quant.quant_blocks, the codes of quant_x_rows); gemv_int4_b32 takes codes quantised beforehand. Split-K
+partials are finished by the last-arriving program (epilogue.finish_rows).
 
 Both check their arguments, then launch through launch.py (the internal API the modules' hot path shares),
 whose docstring describes the split-K workspace. Warm up (one eager call) before capturing a CUDA graph,
