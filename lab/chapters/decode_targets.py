@@ -1,6 +1,6 @@
 """Chapter 07's targets: each decode-step target against the receipt (met, missed, undecided within the samples'
-spread, or not measured, with the reason), what the receipt measures behind each value, and how far the receipt
-moved from the version it replaced (run-to-run noise)."""
+spread, or not measured, with the reason), what the receipt measures behind each value, and how far its rows lie
+from earlier runs of the same benchmark on the same card (run-to-run noise; `RUNS` names them)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -93,8 +93,8 @@ FLOOR_BOUND = {"olmoe": 2.5, "qwen3_moe": 2.5, "mixtral": 1.5}
 # mode
 BF16_FASTEST = "the fastest transformers bf16 measured"
 GENERATE = "generate with int4 faster than bf16, eager and compiled"
-# the commit whose tree holds the version of decode_step_h100.json that the committed one replaced: a second run of
-# the same rows, read where the checkout holds its history, to show run-to-run noise
+# the 07:57 run (H100, 2026-12-07 07:57 UTC; the committed run's settings and kernel sources, budgets 225 s / 125 s):
+# a second run of the same rows, its receipt read from the commit that holds it where the checkout has that history
 REPLACED = "49f9224b1df2c147945908f128c0f333a7a3e63b"
 
 
@@ -103,7 +103,7 @@ def _setup(r: dict) -> tuple:
 
 
 def _comparable(rec: dict, path: Path, commit: str) -> dict | None:
-    """The version of the receipt at `path` that `commit` holds, where its card, torch and transformers match `rec`'s;
+    """The receipt at `path` as `commit` holds it (an earlier run), where its card, torch and transformers match `rec`'s;
     None otherwise (or without that history)."""
     from .history import receipt_at
     old = receipt_at(path, commit)
@@ -111,11 +111,12 @@ def _comparable(rec: dict, path: Path, commit: str) -> dict | None:
 
 
 def run_to_run(rec: dict, path: Path, commit: str = REPLACED) -> dict:
-    """How far this receipt moved from the version at `commit` where card, torch and transformers match: per kind
+    """How far this receipt's rows lie from the run whose receipt `commit` holds, where card, torch and transformers
+    match: per kind
     ("graphed", "compiled" per-layer times, "floor" read floors), (largest |relative change|, count, unmatched) over
     the rows both hold with the same model, state, experts implementation, batch and context; unmatched lists this
-    receipt's rows of that kind the older version lacks ("model state impl run B<b> C<c>", or "model floor <key>"):
-    not measured again in that version (`earlier_runs` looks for them in older ones). {} without that version."""
+    receipt's rows of that kind that run lacks ("model state impl run B<b> C<c>", or "model floor <key>"):
+    not measured again there (`earlier_runs` looks for them in the runs of `EARLIER`). {} without that receipt."""
     old, out = _comparable(rec, path, commit), {}
     if old is None:
         return out
@@ -132,14 +133,24 @@ def run_to_run(rec: dict, path: Path, commit: str = REPLACED) -> dict:
     return out
 
 
-# older versions of decode_step_h100.json (newest first), where `earlier_runs` looks for the rows REPLACED lacks
+# the 00:44 run (H100, 2026-12-07 00:44 UTC, other int4 kernel sources) and the 16:19 run (H100, 2026-12-06 16:19
+# UTC, one call for both contexts, no int4_fused2, other kernel sources), latest first: where `earlier_runs` looks for
+# the rows the 07:57 run lacks
 EARLIER = ("4cf86c2b4c05427be115a8791b37dec0039edea1", "dee2c3bef2cba4c4f4e895a8238624c18ab34085")
+# each earlier run by name (the time of its receipt's `provenance` date, UTC), as chapter 07 and notes/decode_step.md
+# print it; its receipt: `git show <commit>:data/receipts/decode_step_h100.json`
+RUNS = {REPLACED: "the 07:57 run", EARLIER[0]: "the 00:44 run", EARLIER[1]: "the 16:19 run"}
+
+
+def run_name(commit: str) -> str:
+    """The name of the earlier run whose receipt `commit` (full or a prefix of it) holds."""
+    return next(n for c, n in RUNS.items() if c.startswith(commit))
 
 
 def earlier_runs(rec: dict, path: Path, names, commits=EARLIER) -> dict:
-    """The rows `names` ("model state impl run B<b> C<c>", as `row_name` writes them) in the versions of this receipt
-    at `commits` where card, torch and transformers match: {name: [(commit, row, kernel sources alike)]},
-    one entry per version holding that row. "Kernel sources alike" compares `provenance.kernel_sources_sha256`: a
+    """The rows `names` ("model state impl run B<b> C<c>", as `row_name` writes them) in the earlier runs whose
+    receipts `commits` hold, where card, torch and transformers match: {name: [(commit, row, kernel sources alike)]},
+    one entry per run holding that row. "Kernel sources alike" compares `provenance.kernel_sources_sha256`: a
     row measured at other kernel sources is not a second measurement of the int4 kernels measured here. That hash is
     the receipt's last call's; a call merged before it with `--prior` records none, so for a row that call measured
     the comparison assumes both calls ran at the same kernel sources."""
@@ -157,9 +168,10 @@ def earlier_runs(rec: dict, path: Path, names, commits=EARLIER) -> dict:
 
 
 def eager_run_to_run(rec: dict, path: Path, commit: str = REPLACED) -> dict:
-    """The eager ratios over bf16's default experts implementation (`eager_ratio`) in this receipt and in the version
-    at `commit` where card, torch and transformers match: {(model, "B<b> C<c>", state): (this, that)} for each int4
-    state whose ratio is decided in both. Each range holds only its run's own samples; {} without that version."""
+    """The eager ratios over bf16's default experts implementation (`eager_ratio`) in this receipt and in the run
+    whose receipt `commit` holds, where card, torch and transformers match: {(model, "B<b> C<c>", state): (this,
+    that)} for each int4 state whose ratio is decided in both. Each range holds only its run's own samples; {}
+    without that receipt."""
     old, out = _comparable(rec, path, commit), {}
     if old is None:
         return out
@@ -271,11 +283,11 @@ def generate_target(arch: str, receipts=None) -> dict:
 
 
 def replicated(rec: dict, path: Path, commit: str = REPLACED) -> tuple[dict, bool]:
-    """Targets measured again in the version at `commit` where card, torch and transformers match: ({(model,
-    target): that version's value} for each target with a value and a bound whose rows ("model state impl run
-    B<b> C<c>") are the same in both, whether the two versions' kernel sources hash alike). The hashes are each
+    """Targets measured again in the run whose receipt `commit` holds, where card, torch and transformers match:
+    ({(model, target): that run's value} for each target with a value and a bound whose rows ("model state impl run
+    B<b> C<c>") are the same in both, whether the two runs' kernel sources hash alike). The hashes are each
     receipt's `provenance`, its last call's; a call merged before it with `--prior` records none, so "alike" does not
-    cover that call's rows. ({}, False) without that version."""
+    cover that call's rows. ({}, False) without that receipt."""
     old = _comparable(rec, path, commit)
     if old is None:
         return {}, False

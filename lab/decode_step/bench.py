@@ -6,8 +6,9 @@ Per architecture (the published configuration at real width, random weights, `--
     add_norm=False)`: q/k/v in one GEMV, the router in one kernel, RMSNorm in one kernel) and "int4_fused2" (the same plus
     FusedAttention: q/k norm, rope, the cache write and attention in one launch; FusedDecoderLayer: the residual
     add after attention and the next RMSNorm in one launch);
-  * runs: "eager" (the mode `generate` runs in: the host launches every op; `generate`'s own per-step work is not
-    timed, so likely below what it pays), "graphed" (the step captured in one CUDA graph), "compiled" (each decoder
+  * runs: "eager" (the host launches every op, over the static cache; with such a cache `generate` compiles the
+    decode forward unless `disable_compile` is set, so this is not its default mode; `generate`'s own per-step work
+    is not timed), "graphed" (the step captured in one CUDA graph), "compiled" (each decoder
     layer torch.compile'd, then the step captured);
   * per (batch, context): the batch's rows are identical sequences (lab.decode_step.step.Stepper), so a batch
     routes to batch 1's experts; the step time at each depth; per layer = the slope between the smallest and largest

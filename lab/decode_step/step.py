@@ -6,8 +6,9 @@ Shape legend: B = batch (sequences), C = context (KV positions the static cache 
     stepper.step()              one token for every sequence: forward, argmax, position + 1 (capture-legal:
                                 nothing is read back, every tensor it touches keeps its address)
     stepper.prefill(ids)        eager prefill of a prompt [B, P] through the same cache
-    time_eager(stepper)         host wall time per step in the mode `generate` runs in (the host launches every
-                                op; `generate`'s own per-step work is not included, so likely below what it pays)
+    time_eager(stepper)         host wall time per step, the host launching every op (over a static cache, where
+                                `generate` compiles the decode forward unless `disable_compile` is set, so not its
+                                default mode; `generate`'s own per-step work is not included)
     time_graphed(stepper)       the step captured once in a CUDA graph and replayed: CUDA-event time per step
     compiled_layers(model)      every decoder layer torch.compile'd (inductor), each compiled on its first call
                                 (dynamo takes a module's integer attributes as static, and each layer's attention

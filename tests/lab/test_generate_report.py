@@ -56,7 +56,7 @@ def test_table_names_the_receipt_its_provenance_and_each_state(receipts):
     row = next(line for line in text.splitlines() if line.startswith("| mixtral"))
     s = rec["archs"]["mixtral"]["modes"]["eager"]["rows"]["bf16"]["depths"]["4"]["tokens_per_s_spread"]
     assert f"{s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f})" in row
-    assert "4 of 32" in row and "bf16 yes, int4 no" in row
+    assert "4 of 32" in row and "bf16 same; int4 not the same" in row
     r = rec["archs"]["mixtral"]["modes"]["eager"]["ratios"]["int4/bf16"]["4"]
     assert f"{r['median']:.2f}× ({r['lo']:.2f}–{r['hi']:.2f}), int4 slower" in row
     assert row.split(" | ")[6] == "–" and row.split(" | ")[8] == "–"      # int4_fused: no row, no ratio
@@ -92,7 +92,7 @@ def test_fuse_decode_default_state_is_shown_as_int4_fused2(tmp_path):
     head = next(line for line in text.splitlines() if line.startswith("| model"))
     assert "tokens/s int4_fused2" in head and "int4_fused2 / bf16" in head
     row = next(line for line in text.splitlines() if line.startswith("| mixtral"))
-    assert row.split(" | ")[6] != "–" and "int4_fused2 yes" in row
+    assert row.split(" | ")[6] != "–" and "int4_fused2 same" in row
     assert "`fuse_decode(model)` with its defaults (`attention=True, add_norm=True`)" in text
     assert not re.search(r"\bint4_fused\b(?!`)", text.replace("`int4_fused`", ""))     # only quoted as the receipt's
     assert shown("int4_fused/bf16") == "int4_fused2/bf16" and shown("int4_fused2") == "int4_fused2"
