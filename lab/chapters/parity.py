@@ -1,14 +1,16 @@
-"""Chapter 04: where the decode instrument's kernel path first parts from the full forward, stage by stage.
+"""Chapter 04: where the decode instrument's kernel path first parts from the torch reference path, stage by stage.
 
 Shape legend: L = layers, S = scored decode steps, A = top-k (routed rows of one token), H = hidden, I = expert width.
 
 `int4lab.gate.parity` compares teacher-forced decode through the int4 kernels with a full forward of the same
 quantised model (on the CPU the full forward takes the torch reference path). Both quantise the same way and
 round each projection's output to bf16; they part wherever float32 arithmetic is done in another order or form:
-cached one-token decode against the full causal forward (attention, norms, router: a small residual at every
-step, with no kernel involved), and the kernels' sums and SwiGLU against torch's matmul and silu, which can round
-to other bf16 values or int8 codes. `localise` looks at the second: it replays the decode on the reference path,
-captures every experts block's input at every step, and sends the same input through the kernels stage by stage
+cached one-token decode against the full causal forward, with no kernel involved (attention, norms, router, and
+the reference experts' float32 matmul over one routed row instead of many; a residual near 1e-5 at most steps, but
+on chapter 04's traced windows also the step that carries the whole jump), and the kernels' sums and SwiGLU
+against torch's matmul and silu, which can round to other bf16 values or int8 codes. `localise` looks at the second
+only (the first is not traced below the logits): it replays the decode on the reference path, captures every
+experts block's input at every step, and sends the same input through the kernels stage by stage
 (one stage emulated in torch):
   * gate_up: the routed GEMV's bf16 output h [A, 2I] against `int4_matmul_ref` per routed expert;
   * the down projection's int8 activation codes and float32 scales of silu(gate) * up, each side from its own h,
