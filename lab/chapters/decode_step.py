@@ -27,7 +27,7 @@ BARS = (("int4", "eager"), ("int4", "graphed"), ("int4_fused", "graphed"), ("int
 
 
 def load(quick: bool) -> tuple[dict, Path, bool]:
-    """(receipt, its path, stand-in?): the committed GPU receipt when there is one, else a CPU run at tiny width."""
+    """(receipt, its path, stand-in?): the GPU receipt in data/receipts/ when there is one, else a CPU run at tiny width."""
     found = sorted(RECEIPTS.glob("decode_step_*.json"))
     if found:
         rec = json.loads(found[0].read_text())

@@ -1,6 +1,8 @@
 """Chapter 07's targets: each decode-step target against the receipt (met, missed, undecided within the samples'
 spread, or not measured, with the reason), what the receipt measures behind each value, and how far its rows lie
-from earlier runs of the same benchmark on the same card (run-to-run noise; `RUNS` names them)."""
+from earlier runs of the same benchmark (run-to-run noise; `RUNS` names them) whose receipts name the same device
+model, torch and transformers (each receipt's `provenance`, its last call's: it names the device model, not which
+card, and a call merged before the last one records none)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -93,26 +95,28 @@ FLOOR_BOUND = {"olmoe": 2.5, "qwen3_moe": 2.5, "mixtral": 1.5}
 # mode
 BF16_FASTEST = "the fastest transformers bf16 measured"
 GENERATE = "generate with int4 faster than bf16, eager and compiled"
-# the 07:57 run (H100, 2026-12-07 07:57 UTC; the committed run's settings and kernel sources, budgets 225 s / 125 s):
+# the 07:57 run (H100, 2026-12-07 07:57 UTC; the 10:36 run's step settings and kernel sources, budgets 225 s / 125 s):
 # a second run of the same rows, its receipt read from the commit that holds it where the checkout has that history
 REPLACED = "49f9224b1df2c147945908f128c0f333a7a3e63b"
 
 
 def _setup(r: dict) -> tuple:
+    """(device model, torch, transformers) of a receipt, from its `provenance` (its last call's): the device model
+    names no card."""
     return r["provenance"]["device"], r["provenance"]["torch"], r.get("transformers")
 
 
 def _comparable(rec: dict, path: Path, commit: str) -> dict | None:
-    """The receipt at `path` as `commit` holds it (an earlier run), where its card, torch and transformers match `rec`'s;
-    None otherwise (or without that history)."""
+    """The receipt at `path` as `commit` holds it (an earlier run), where its device model, torch and transformers
+    (`_setup`) match `rec`'s; None otherwise (or without that history)."""
     from .history import receipt_at
     old = receipt_at(path, commit)
     return old if old is not None and _setup(old) == _setup(rec) else None
 
 
 def run_to_run(rec: dict, path: Path, commit: str = REPLACED) -> dict:
-    """How far this receipt's rows lie from the run whose receipt `commit` holds, where card, torch and transformers
-    match: per kind
+    """How far this receipt's rows lie from the run whose receipt `commit` holds, where device model, torch and
+    transformers match: per kind
     ("graphed", "compiled" per-layer times, "floor" read floors), (largest |relative change|, count, unmatched) over
     the rows both hold with the same model, state, experts implementation, batch and context; unmatched lists this
     receipt's rows of that kind that run lacks ("model state impl run B<b> C<c>", or "model floor <key>"):
@@ -149,8 +153,8 @@ def run_name(commit: str) -> str:
 
 def earlier_runs(rec: dict, path: Path, names, commits=EARLIER) -> dict:
     """The rows `names` ("model state impl run B<b> C<c>", as `row_name` writes them) in the earlier runs whose
-    receipts `commits` hold, where card, torch and transformers match: {name: [(commit, row, kernel sources alike)]},
-    one entry per run holding that row. "Kernel sources alike" compares `provenance.kernel_sources_sha256`: a
+    receipts `commits` hold, where device model, torch and transformers match: {name: [(commit, row, kernel sources
+    alike)]}, one entry per run holding that row. "Kernel sources alike" compares `provenance.kernel_sources_sha256`: a
     row measured at other kernel sources is not a second measurement of the int4 kernels measured here. That hash is
     the receipt's last call's; a call merged before it with `--prior` records none, so for a row that call measured
     the comparison assumes both calls ran at the same kernel sources."""
@@ -169,9 +173,9 @@ def earlier_runs(rec: dict, path: Path, names, commits=EARLIER) -> dict:
 
 def eager_run_to_run(rec: dict, path: Path, commit: str = REPLACED) -> dict:
     """The eager ratios over bf16's default experts implementation (`eager_ratio`) in this receipt and in the run
-    whose receipt `commit` holds, where card, torch and transformers match: {(model, "B<b> C<c>", state): (this,
-    that)} for each int4 state whose ratio is decided in both. Each range holds only its run's own samples; {}
-    without that receipt."""
+    whose receipt `commit` holds, where device model, torch and transformers match: {(model, "B<b> C<c>", state):
+    (this, that)} for each int4 state whose ratio is decided in both. Each range holds only its run's own samples;
+    {} without that receipt."""
     old, out = _comparable(rec, path, commit), {}
     if old is None:
         return out
@@ -283,9 +287,9 @@ def generate_target(arch: str, receipts=None) -> dict:
 
 
 def replicated(rec: dict, path: Path, commit: str = REPLACED) -> tuple[dict, bool]:
-    """Targets measured again in the run whose receipt `commit` holds, where card, torch and transformers match:
-    ({(model, target): that run's value} for each target with a value and a bound whose rows ("model state impl run
-    B<b> C<c>") are the same in both, whether the two runs' kernel sources hash alike). The hashes are each
+    """Targets measured again in the run whose receipt `commit` holds, where device model, torch and transformers
+    match: ({(model, target): that run's value} for each target with a value and a bound whose rows ("model state impl
+    run B<b> C<c>") are the same in both, whether the two runs' kernel sources hash alike). The hashes are each
     receipt's `provenance`, its last call's; a call merged before it with `--prior` records none, so "alike" does not
     cover that call's rows. ({}, False) without that receipt."""
     old = _comparable(rec, path, commit)

@@ -1,5 +1,7 @@
-"""The `generate` receipts' block (`python -m lab.decode_step.generate`): the tokens/s a user gets from transformers'
-`generate`, int4 and int4_fused2 against bf16, per model, depth and mode, with what was not measured.
+"""The `generate` receipts' block (`python -m lab.decode_step.generate`): transformers' `generate` decode tokens/s,
+(N − 1) / (t(N) − t(1)) from an N-token and a 1-token call, so prefill and set-up cancel (a decode-only rate, not
+the rate of one whole call), int4 and int4_fused2 against bf16, per model, depth and mode, with what was not
+measured.
 
 The receipts name the state int4 through `fuse_decode(model)` (its defaults: attention and add + norm fused too)
 `int4_fused`; the decode-step benchmark calls that form `int4_fused2` and keeps `int4_fused` for the form without
@@ -127,7 +129,8 @@ def generate_text(receipts_dir=RECEIPTS) -> str:
         rec = read(path)
         with reading(path):
             out.append(receipt_text(path, rec))
-    legend = ("tokens/s: median (min–max) over the rounds, (N − 1) / (t(N) − t(1)) per round; a ratio: the "
+    legend = ("tokens/s: median (min–max) over the rounds, (N − 1) / (t(N) − t(1)) per round, a decode-only rate "
+              "(prefill and `generate`'s set-up cancel in the difference; not the rate of one whole call); a ratio: the "
               "median of the per-round ratios (its 95 % distribution-free interval) and the receipt's "
               "verdict: a state faster or slower only when that interval lies wholly above or below 1. int4_fused2: "
               "int4 then `fuse_decode(model)` with its defaults (`attention=True, add_norm=True`), the receipt's "

@@ -8,6 +8,7 @@ from int4lab.files import write_text_atomic
 
 from lab.bench.schema import DEFAULT_OUT
 from lab.chapters.decode_step import below_graphed, eager_ratio, eager_text, slope_range  # chapter 07's eager rule
+from lab.chapters.decode_targets import REPLACED, RUNS  # the earlier run chapter 07's claim 12 compares
 from lab.paths import RECEIPTS
 from lab.provenance import portable_command
 from .realscale_fit import (_s, fit_flags, fitted, fitted_time, full_text, gptq_text, off_line, one_depth, one_depth_text,
@@ -344,7 +345,7 @@ def decode_step_table(receipts=RECEIPTS) -> str:
                 "excludes 1 says so for this run only, and only where the receipt's other eager rows do not "
                 "contradict its slopes: each depth's samples are taken back to back, so drift between the two depths' "
                 "sample blocks is not in the range (chapter 07's section 4 prints a decided ratio whose slope the other "
-                "rows contradict, and claim 12 sets the ratios beside the run this receipt replaced); "
+                f"rows contradict, and claim 12 sets the ratios beside {RUNS[REPLACED]}'s); "
                 + eager_bf16_text(r) + ". " + compiled_bf16_text(r) + " A batch of 16 is 16 "
                 "identical sequences "
                 "(every row starts from the same token over the "
