@@ -16,7 +16,7 @@ Figures (arm a against reference r, over the tokens of one text):
     kl     = mean KL(source ‖ a);  kl_p99 = its 99th percentile;  top1 = mean agreement of arg-max tokens
 
 The gate is one-sided in rel (an arm may not lose more than the budget); an arm whose CI lies wholly below
-zero scores better than its source on that text, which says it moved, not that it is better: KL(source ‖ a)
+zero scores a lower perplexity than its source on that text, which says it moved, not that it is better: KL(source ‖ a)
 with its CI, reported beside every verdict, is how far it moved either way.
 
 Calibration (is GPTQ's paired change against round-to-nearest beyond what a dithered re-rounding, a lottery
@@ -138,7 +138,8 @@ def verdict(cis: dict, budget: float) -> dict:
     FAIL      some text's lower bound is over the budget;
     UNDECIDED otherwise; tokens_needed[text] estimates how many scored tokens would decide each open text.
     Returns {"verdict", "reasons": [...], "tokens_needed": {text: int}, "below_source": [texts whose CI
-    lies wholly below zero: the arm scored better than its source there; see KL for how far it moved]}.
+    lies wholly below zero: the arm scored a lower perplexity than its source there, not a better model; see KL for
+    how far it moved]}.
     """
     if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not budget > 0:
         raise ValueError(f"budget must be a positive relative change (0.01 = 1%), got {budget!r}")
