@@ -194,7 +194,8 @@ def gptq_text(arch: str, ex: dict, depths: dict, card_bytes, fitted, gb, log=Non
     text = whole + (f"GPTQ at the README's defaults{command_text(depths)} (every draw of both targets), each depth scaled "
             f"by `lab.realscale_predict` "
             f"and fitted to {n} layers: column sweeps {fitted(f, 'gptq_sweep_default_s')} (points by depth: "
-            f"{_points(f['gptq_sweep_default_s'])}{_steps(f['gptq_sweep_default_s'], n)}), calibration forwards {fitted(f, 'gptq_forward_default_s')}"
+            f"{_points(f['gptq_sweep_default_s'])}{_steps(f['gptq_sweep_default_s'], n)}), calibration forwards "
+            f"{fitted(f, 'gptq_forward_default_s')}"
             + (f" (points: {_points(f['gptq_forward_default_s'])})" if "gptq_forward_default_s" in f else "") + ".")
     if all_on_gpu(depths):
         peak = (f.get("gpu_peak_bytes") or {}).get("full_depth")
@@ -327,9 +328,12 @@ def gptq_rate_text(arch: str, depths: dict, log=None) -> str:
                 f"{sum(extra.values()):.3g} s{scaled}: {total:.0f} s ({total / 60:.0f} min) of GPTQ quantising, "
                 f"calibration forwards included (a prediction that scales the forwards with the experts swept, so "
                 f"it leans high){tail}.")
-    allx = [q.name for q in sorted(log.parent.glob(f"realscale_gate_{arch}_allexperts_*.json"))] if log else []
-    return (" GPTQ sweeps a layer's experts in batches (as many as its scratch budget holds: a quarter of the free GPU memory, at most 16 GiB, "
-            "`int4lab/quantize/driver.py`), so its time does not grow in proportion to the experts swept, and no "
+    # the fit with every routed expert swept (a partial run beside it, e.g. a forced-offload one, is not that fit)
+    allx = [q.name for q in sorted(log.parent.glob(f"realscale_gate_{arch}_allexperts_*.json"))
+            if "offload" not in q.name] if log else []
+    return (" GPTQ sweeps a layer's experts in batches (as many as its scratch budget holds: a quarter of the free "
+            "GPU memory, at most 16 GiB, `int4lab/quantize/driver.py`), so its time does not grow in proportion to "
+            "the experts swept, and no "
             "prediction for every expert is read off this share"
             + (f"; `data/receipts/{allx[0]}` measures it with every expert that calibration reaches swept "
                "(`--min-rows 1`)." if allx else "."))
