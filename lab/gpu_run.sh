@@ -13,8 +13,10 @@
 #   qwen2moe the same decode step on Qwen2-MoE (Qwen1.5-MoE-A2.7B's published widths: a shared expert beside
 #            60 routed ones), its own receipt
 #   gate     the README's gate command on truncated-depth synthetic OLMoE checkpoints (lab.realscale_gate)
-#   gate_full  the README's gate command on a synthetic OLMoE at its published 16 layers, every default arm, no fit
-#            (checkpoint in /dev/shm; GATE_S caps it), after the dither's CUDA-vs-CPU test and a ticket's pack
+#   gate_full  the README's gate command on a synthetic checkpoint at its published depth, no fit (FULL_ARCH, default
+#            olmoe: 16 layers, every default arm; FULL_ARGS passes --gate-args, e.g. the fits' quick settings;
+#            FULL_MEMORY="0=130GiB cpu=60GiB" places it with --device-map auto; FULL_COMPARE names the fit to set
+#            beside it; FULL_TAG is added to the name; checkpoint in /dev/shm; GATE_S caps it), after the dither's CUDA-vs-CPU test and a ticket's pack
 #            time beside round-to-nearest's (dither_cuda_<card>.txt; FULL_DITHER=0 skips them); FULL_WARM=1 runs the
 #            small unmeasured gate first (--warmup-full: a second run's time, the kernels compiled); FULL_ALLOC_CONF
 #            sets PYTORCH_CUDA_ALLOC_CONF for it (e.g. expandable_segments:True; the log's first line names it and
@@ -129,15 +131,20 @@ if has gate_full; then
     timeout 40 python3 -m lab.bench.pack --device cuda --impls rtn rtn_dithered --repeats 5 --no-write 2>&1 \
       | tee -a "$OUT/dither_cuda_$card.txt" | tail -4
   fi
-  stage "gate at full depth: OLMoE 16 layers"
+  farch=${FULL_ARCH:-olmoe}
+  stage "gate at full depth: $farch"
   rm -rf /dev/shm/rsg_full
   alloc=${FULL_ALLOC_CONF:-${PYTORCH_CUDA_ALLOC_CONF:-}}
-  full="$OUT/realscale_gate_full_olmoe${FULL_WARM:+_warm}_$card"      # a warmed run keeps its own name
-  # the log's first line records the settings the receipt does not (the allocator's, the stage's limit)
+  full="$OUT/realscale_gate_full_${farch}${FULL_TAG:-}${FULL_WARM:+_warm}_$card"   # a warmed run keeps its own name
+  # the log's first lines record the settings the receipt does not (the allocator's, the stage's limit, the host)
   echo "PYTORCH_CUDA_ALLOC_CONF=${alloc:-(unset: the default allocator)}; timeout ${GATE_S:-480} s" \
     | tee "$full.gate.txt"
+  echo "host: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB memory, /dev/shm $(df -h /dev/shm | awk 'NR==2{print $2}')" \
+    | tee -a "$full.gate.txt"
   PYTORCH_CUDA_ALLOC_CONF=$alloc \
-  timeout ${GATE_S:-480} python3 -m lab.realscale_gate --arch olmoe --full ${FULL_WARM:+--warmup-full} --workdir /dev/shm/rsg_full \
+  timeout ${GATE_S:-480} python3 -m lab.realscale_gate --arch $farch --full ${FULL_WARM:+--warmup-full} \
+    ${FULL_MEMORY:+--device-map auto --max-memory $FULL_MEMORY} ${FULL_COMPARE:+--compare "$FULL_COMPARE"} \
+    ${FULL_ARGS:+--gate-args="$FULL_ARGS"} --workdir /dev/shm/rsg_full \
     --out "$full.json" 2>&1 | grep --line-buffered -v "Writing model shards\|Loading weights" \
     | tee -a "$full.gate.txt" | tail -30
   rm -rf /dev/shm/rsg_full
