@@ -391,6 +391,8 @@ def full_text(arch: str, a: dict, r: dict, log=None) -> str:
     per round-to-nearest arm, and the receipt's gate / forwards beside TARGET_RATIO."""
     f = a["full"]
     (L, g), = _gates(a["depths"])
+    if r["settings"].get("gate_args"):            # quick settings: the target is read off the scaled defaults
+        return quick_full_text(arch, a, r, L, log)
     tm, ph = g["timing"], f["phases"]
     fw = tm["forward_s"] + tm.get("calibration_forward_s", 0.0)
     sweeps = ph.get("gptq_sweep_s") or 0.0
@@ -410,3 +412,51 @@ def full_text(arch: str, a: dict, r: dict, log=None) -> str:
             + f". The receipt's gate / forwards, sweeps and building included, is {f['gate_over_forwards']:.2f} "
               f"(`TARGET_RATIO` {ratio_t} in `lab/realscale_gate.py`: "
               f"{'met' if f['gate_over_forwards'] <= ratio_t else 'missed'})." + swept_text(arch, a["depths"], log))
+
+
+def quick_full_text(arch: str, a: dict, r: dict, L: int, log=None) -> str:
+    """A full-depth run with quick settings (`--gate-args`): its own time is not the README command's; the
+    command's time at its defaults is this depth's parts scaled by `lab.realscale_predict` (each part at its
+    measured unit cost, the groups the arms fell into at this depth), set against the target and beside the
+    earlier fit's prediction for the same command."""
+    d = a["depths"][str(L)]
+    sec, gp = d["defaults"]["seconds"], d["defaults"].get("gptq") or {}
+    target = r["settings"]["targets"]["gate_s"].get(arch)
+    tot = sec["total"]
+    parts = ", ".join(f"{k.removesuffix('_s')} {_n(sec[k])}" for k in ("build_s", "score_s", "floor_s",
+                                                                          "bootstrap_s", "fixed_s"))
+    text = (f"At {L} layers, the published depth, with the quick settings (`{' '.join(r['settings']['gate_args'])}`; "
+            f"the gate's time in the row is theirs, not the README command's): the README's command at its defaults "
+            f"(every ticket and draw, every document), each part of this run scaled by `lab.realscale_predict` "
+            f"({sec['formulas']['score_s']} for scoring): **{_n(tot)} ({tot / 60:.0f} min)**"
+            + (f" against ≤ {target:.0f} s: {'met' if tot <= target else 'missed'}" if target else "")
+            + f" ({parts}; the floor {'measured' if 'estimated' not in sec['formulas']['floor_s'] else 'estimated'})")
+    if gp:
+        text += (f"; GPTQ at the defaults: column sweeps {_n(gp['sweep_s'])} and calibration forwards "
+                 f"{_n(gp['calibration_forward_s'])} ({gp['formula']})")
+    text += f". Checkpoint written in {_n(a['full']['checkpoint_s'])} before the gate."
+    fit = earlier_default(a["full"].get("earlier_fit"), arch)
+    if fit:
+        text += (f" The fit over {fit[1]} in `{fit[0]}` had put the same command at {_n(fit[2])} for a placement "
+                 f"of that run's depths (all on its card).")
+    return text + swept_text(arch, a["depths"], log)
+
+
+def earlier_default(e: dict | None, arch: str):
+    """(receipt, depths, README-defaults seconds at full depth) of the fit a full run names, where that receipt
+    is committed and its line describes its depths; None otherwise."""
+    import json
+
+    from lab.paths import RECEIPTS
+    if not e or not (RECEIPTS / e["receipt"]).exists():
+        return None
+    fits = json.loads((RECEIPTS / e["receipt"]).read_text())["archs"][arch]["extrapolation"]["fits"]
+    f = fits.get("default_gate_s") or {}
+    if off_line(f) or f.get("full_depth") is None:
+        return None
+    return e["receipt"], _layers("-".join(map(str, (min(e["depths"]), max(e["depths"]))))), f["full_depth"]
+
+
+def _n(x) -> str:
+    """Seconds to three significant figures below 1,000, whole seconds above (no exponent)."""
+    return f"{x:.0f} s" if x >= 1000 else _s(x)
