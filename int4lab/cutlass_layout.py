@@ -94,9 +94,12 @@ def quantize_codes(x: torch.Tensor, group_size: int = -1, path: str = "gpu") -> 
 
     amax over K (per channel) or over each group of `group_size` rows, in float32; scale = (amax / 7) cast to
     x.dtype (Paddle returns scales in the weight's dtype). Codes round half away from zero, clamp to [-7, 7]:
-      path="gpu": q = lroundf((x / amax) * 7)        per_channel_quant_gpu_int4_col_pack (per channel only)
+      path="gpu": q = lroundf((x / amax) * 7)        per_channel_quant_gpu_int4_col_pack (per channel only;
+                                                      Paddle's GPU quantiser for arch 75/80/86/89/90)
       path="cpu": q = round(x / float(scale))         per_channel_quant / group_wise_quant (..._impl.h)
     The two can differ by one code where x / amax * 7 sits near a half (the notebook counts how often).
+    Paddle's GPU quantiser for arch 70, per_channel_quant_gpu_int4_row_pack (@2c8abd87), rounds a third
+    expression, roundf(x * (1 / float(scale))) with the scale already in x.dtype; it is not emulated here.
     An all-zero column or group has scale 0 and codes 0 (Paddle computes 0/0 there).
     """
     if path not in ("gpu", "cpu"):
@@ -312,10 +315,14 @@ def weight_quantize(x: torch.Tensor, algo: str = "weight_only_int4", arch: int =
     """Paddle's `weight_quantize` for algo="weight_only_int4": x [K, N] -> (out int8 [N/2, K], scale).
 
     x: float16 / bfloat16 (Paddle's registered dtypes) or float32, finite, any device; K % 64 == 0 and N % 8 == 0.
-    scale: x.dtype, [N] (group_size=-1) or [K/group_size, N] (64, 128). Codes: `quantize_codes` with Paddle's GPU
-    arithmetic per channel, its CPU arithmetic per group (Paddle's GPU launcher @04818d11 validates group_size but
-    does not pass it to the quantiser). arch 75/80/86/89/90: the interleaved CUTLASS layout (`interleave_codes`);
-    arch 70: row-major bytes with bias and register interleave (`row_major_codes`).
+    scale: x.dtype, [N] (group_size=-1) or [K/group_size, N] (64, 128). Codes: `quantize_codes` with the
+    arithmetic of Paddle's column-pack GPU quantiser (arch 75/80/86/89/90) per channel, for every arch, and its CPU
+    arithmetic per group (Paddle's GPU launcher @04818d11 validates group_size but does not pass it to the
+    quantiser). For arch 70 per channel, Paddle's GPU path uses its row-pack quantiser, roundf(x * (1 / scale)),
+    which is not emulated: there the codes can differ by one code near a half from Paddle's GPU and CPU paths alike.
+    arch 75/80/86/89/90: the interleaved CUTLASS layout (`interleave_codes`); arch 70: row-major bytes with bias
+    and register interleave (`row_major_codes`). arch 100 is refused: Paddle's CPU path @04818d11 admits it but
+    has no layout branch for it (nothing is written to out), and its GPU permute @2c8abd87 has none either.
     """
     _check_algo_arch(algo, arch, group_size)
     check_tensor("x", x, FLOAT_DTYPES, (2,))
