@@ -263,6 +263,37 @@ def below_graphed(arch_rec: dict, row) -> float | None:
     return g["per_layer_us"] if g and slope_range(row)[1] < g["per_layer_us"] else None
 
 
+def comparable(arch_rec: dict, row) -> bool:
+    """Whether an eager row's slope can be set against another's (`contradicted`): its sample range lies above
+    zero, its two-depth line does not fail (`line_fails`) and it does not lie wholly below its own graphed layer
+    (`below_graphed`)."""
+    return (row["run"] == "eager" and bool(row.get("samples_us")) and slope_range(row)[0] > 0 and not line_fails(row)
+            and below_graphed(arch_rec, row) is None)
+
+
+def contradicted(arch_rec: dict, row) -> list[tuple[int, int, float, float]]:
+    """The eager rows of `row`'s configuration (same state and experts implementation) at other cases that
+    contradict its slope, as [(batch, context, lowest, highest slope)]: a layer's host work shrinks neither with the
+    context nor with the batch and its device work grows with both, so an eager slope should not lie wholly below
+    that of a case no larger in batch and context, nor wholly above that of a case no smaller. Each depth's samples
+    are taken back to back, so drift between the two depths' sample blocks is not in a slope's range, and such a
+    pair says that at least one of the two slopes is not the layer's cost. Only `comparable` rows are set side by
+    side; empty where `row` is not one."""
+    if not comparable(arch_rec, row):
+        return []
+    lo, hi = slope_range(row)
+    out = []
+    for o in arch_rec["rows"]:
+        if ((o["state"], o["impl"]) != (row["state"], row["impl"]) or (o["batch"], o["context"]) ==
+                (row["batch"], row["context"]) or not comparable(arch_rec, o)):
+            continue
+        ol, oh = slope_range(o)
+        if ((o["batch"] <= row["batch"] and o["context"] <= row["context"] and ol > hi)
+                or (o["batch"] >= row["batch"] and o["context"] >= row["context"] and oh < lo)):
+            out.append((o["batch"], o["context"], ol, oh))
+    return out
+
+
 def _fails_text(row) -> str:
     lo, hi, s1, s2 = _depths(row)
     return (f"fixed entirely below zero: the {hi}-layer step's samples ({min(s2):,.0f}–{max(s2):,.0f} us) are "
@@ -302,7 +333,9 @@ def eager_ratio(a: dict, state: str, b: int, c: int, other: str = "bf16", fastes
     fixed part's sample range above zero), both slopes positive, and neither slope wholly below its
     own graphed layer (`below_graphed`). Undecided, "range" holds the two slopes' ranges, "fixed" each row's (state,
     lowest, highest) fixed part and "graphed" each row below its graphed layer as (name, lowest, highest slope,
-    graphed per layer), for `eager_text`."""
+    graphed per layer), for `eager_text`. Decided, "contradicted" lists each slope of the two that another eager row
+    of its configuration contradicts (`contradicted`) as (name, lowest, highest slope, (batch, context, that row's
+    lowest, highest slope)): such a ratio is no conclusion, even for this run."""
     pick = lambda st: (best_row(a, st, "eager", b, c) if st == "bf16" and fastest else      # noqa: E731
                        _row(a, st, a.get("default_experts_impl") if st == "bf16" else None, "eager", b, c))
     num, den = pick(state), pick(other)
@@ -312,14 +345,17 @@ def eager_ratio(a: dict, state: str, b: int, c: int, other: str = "bf16", fastes
     below = [(" ".join(str(x) for x in (st, r["impl"]) if x), *slope_range(r), g)
              for st, r in ((state, num), (other, den)) if (g := below_graphed(a, r)) is not None]
     ok = min(nl, dl, num["per_layer_us"], den["per_layer_us"]) > 0 and decided(num) and decided(den) and not below
+    against = [(" ".join(str(x) for x in (st, r["impl"]) if x), *slope_range(r), c)
+               for st, r in ((state, num), (other, den)) for c in contradicted(a, r)] if ok else []
     return {"value": num["per_layer_us"] / den["per_layer_us"], "decided": ok, "impl": den["impl"],
-            "range": (nl / dh, nh / dl) if ok else ((nl, nh), (dl, dh)),
+            "range": (nl / dh, nh / dl) if ok else ((nl, nh), (dl, dh)), "contradicted": against,
             **({} if ok else {"fixed": ((state, *fixed_range(num)), (other, *fixed_range(den))),
                               "graphed": below})}
 
 
 def eager_text(e: dict) -> str:
-    """A decided eager ratio as its value and range; otherwise 'undecided (spread …)' where a slope's range reaches
+    """A decided eager ratio as its value and range (with the slopes other eager rows contradict, `contradicted`:
+    then no conclusion); otherwise 'undecided (spread …)' where a slope's range reaches
     zero, else 'undecided (… eager slope … lies below its own graphed layer …)' where a slope lies wholly below its
     graphed layer (`below_graphed`), else 'undecided (fixed part: …)' where a fixed part's range reaches zero
     (entirely below zero: the two-depth line fails for that row, `line_fails`)."""
@@ -337,4 +373,9 @@ def eager_text(e: dict) -> str:
                                     + (" (the two-depth line fails)" if hi <= 0 else ""))
         return f"undecided (fixed part: {fixed(*e['fixed'][0])}; {fixed(*e['fixed'][1])})"
     lo, hi = e["range"]
-    return f"{e['value']:.2f}× ({lo:.2f}–{hi:.2f})"
+    text = f"{e['value']:.2f}× ({lo:.2f}–{hi:.2f})"
+    if e.get("contradicted"):
+        text += ", contradicted (" + "; ".join(
+            f"{name}'s slope {l:,.0f}–{h:,.0f} µs against {ol:,.0f}–{oh:,.0f} µs at batch {b}, context {c}"
+            for name, l, h, (b, c, ol, oh) in e["contradicted"]) + ")"
+    return text

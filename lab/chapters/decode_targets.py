@@ -25,16 +25,49 @@ def best_int4(a: dict, b: int, c: int, runs=("graphed", "compiled")) -> dict | N
             "over_floor": r["per_layer_us"] / fl, "spread": spread(r), "tokens_per_s": r["tokens_per_s"], "row": r}
 
 
-def gaps_text(gaps: float, busy: float, low: float = 0.0) -> str:
+def moe_pdl(rec: dict, a: dict) -> bool | None:
+    """Whether the modules' MoE step (`int4lab.kernels.ops`, the path the int4 states run) launches the down GEMV
+    as a programmatic dependent of gate_up (PDL, `plan.moe_pdl`) for an arch of the receipt at batch 1 on the
+    receipt's device: the down GEMV's programs then start while gate_up still runs (they ask L2 for their first
+    weight tiles, then wait for gate_up), so a profile can record the two kernels' times overlapping. Computed from
+    the model's shapes (the arch's `config`) with shape-only tensors, the plans' device queries answered for the
+    receipt's device (`accuracy._on`: no GPU needed); None where the device is not an H100 or H200 (sm_90, the
+    generation this answers for) or the step takes the grouped path (no PDL there)."""
+    import torch
+
+    from int4lab.archs import get
+    from int4lab.kernels import ops
+    from .accuracy import _on
+    device = str(rec.get("provenance", {}).get("device") or "")
+    if not any(name in device for name in ("H100", "H200")):
+        return None
+    z = get(a["arch"]).sizes(a["config"])
+    H, I, E, A = z["hidden"], z["intermediate"], z["experts"], z["top_k"]
+
+    def meta(*shape, dtype=torch.float32):
+        return torch.empty(*shape, dtype=dtype, device="meta")
+    args = (meta(1, H, dtype=torch.bfloat16), meta(1, A, dtype=torch.int32), meta(1, A),
+            meta(E, 2 * I, H // 2, dtype=torch.uint8), meta(E, 2 * I, H // 32, dtype=torch.float16),
+            meta(E, H, I // 2, dtype=torch.uint8), meta(E, H, I // 32, dtype=torch.float16))
+    with _on("sm90", 132):
+        prep = ops._prepare_moe(*args)
+    return bool(prep[3]) if prep[0] == "routed" else None
+
+
+def gaps_text(gaps: float, busy: float, pdl: bool | None = None) -> str:
     """The breakdown's gaps: the profiled replay's layer minus the replay's own summed kernel time (`busy`, per
     layer), not minus the eager-profile kernel times the reason lists. A difference of two separately timed totals,
-    so not resolved where it is negative (it cannot be below zero); `low`, the most negative value among the models
-    profiled, shows the size of this difference's error beside a positive one."""
+    so it holds launch gaps and the two measurements' difference, less any time two kernels overlap (the sum counts
+    that time twice): with `pdl` (`moe_pdl`: the MoE's down GEMV a programmatic dependent of gate_up) the two
+    kernels' recorded times can overlap and gaps can read below zero. The receipt keeps no replayed kernel's start
+    time, so these parts are not separated."""
+    over = ("; the MoE's down GEMV is launched here as a programmatic dependent of gate_up, so the two kernels' "
+            "recorded times can overlap and that sum counts the overlap twice" if pdl else "")
     if gaps < 0:
-        return (f"gaps not resolved (the replay's own kernel times, {busy:.1f} µs, sum to {-gaps:.1f} µs more than "
-                f"the layer)")
-    err = f"; not resolved: on the models profiled it reads as low as −{-low:.1f} µs" if low < 0 else ""
-    return f"gaps {gaps:.1f} µs (the replay's layer − its own kernels' {busy:.1f} µs{err})"
+        return (f"gaps −{-gaps:.1f} µs (the replay's own kernel times, {busy:.1f} µs, sum to {-gaps:.1f} µs more "
+                f"than the layer{over}; launch gaps, overlap and the two timings' difference not separated)")
+    return (f"gaps {gaps:.1f} µs (the replay's layer − its own kernels' {busy:.1f} µs, two separately timed "
+            f"totals{over}; launch gaps{', overlap' if pdl else ''} and the two timings' difference not separated)")
 
 
 def _verdict(v: float, op: str, bound: float, rows) -> tuple[bool | None, str | None]:
@@ -330,11 +363,10 @@ def reason(rec: dict, t: dict) -> str:
     if (b, c) != first_case(a) or bd is None or bi["state"] != "int4_fused2":
         return f"not profiled: layer {bi['per_layer_us']:.1f} µs ({bi['state']} {bi['run']}), {floors}"
     gemv, rest = gemvs(a)
-    low = min([0.0] + [x.get("gaps", 0.0) for x in (breakdown(m, "int4_fused2") for m in rec["archs"].values()) if x])
     compiled = f" (the compiled one, {bi['per_layer_us']:.1f} µs, was not profiled)" if bi["run"] != "graphed" else ""
     others = ", ".join(f"{k.removesuffix('_kernel')} {us:.1f}" for k, us in rest.items())
     return (f"profiled int4_fused2 graphed layer {bd['step']:.1f} µs{compiled}: eager-profile kernel times, the "
             f"four GEMVs {gemv:.1f} µs ({gemv / bd['step']:.0%}), the other launches {others} µs "
             f"({sum(rest.values()):.1f}), torch glue {bd.get('glue', 0.0):.1f} µs, "
-            f"{gaps_text(bd.get('gaps', 0.0), bd.get('busy', 0.0), low)}; "
+            f"{gaps_text(bd.get('gaps', 0.0), bd.get('busy', 0.0), moe_pdl(rec, a))}; "
             f"{floors}")

@@ -7,8 +7,11 @@ Categories (a kernel belongs to the innermost labelled module that was running w
     glue        the rest of a decoder layer (residual adds)
     fixed       outside the decoder layers: embedding, final norm, lm_head, the argmax
     gaps        the timed step minus the profiled replays' summed kernel time: two separately timed totals, so it
-                holds launch gaps but also the two measurements' difference; it reads negative on OLMoE and Qwen3
-                in decode_step_h100.json, so it does not measure launch gaps
+                holds launch gaps and the two measurements' difference, less any time two kernels overlap (the sum
+                counts it twice). The routed MoE step launches its down GEMV as a programmatic dependent of gate_up
+                for experts below a size (int4lab.kernels.plan.moe_pdl: OLMoE's and Qwen3's, not Mixtral's), its
+                programs starting while gate_up runs, so the two recorded kernel times can overlap and gaps can
+                read below zero; the replays' kernel start times are not kept, so the parts are not separated
 
 How: an eager step is profiled with a profiler range per labelled module (forward hooks); a kernel's launch
 (its CPU-side correlation) falls inside ranges, the innermost names it. The replay's kernels take the eager

@@ -303,7 +303,8 @@ def decode_step_table(receipts=RECEIPTS) -> str:
     compiled where the receipt compiled bf16: only the implementation fastest graphed is compiled), tokens/s at the
     published depth against that bf16, and eager int4_fused2 against the fastest eager bf16 that
     `chapters.decode_step.best_row` admits (named; the range its samples allow, or undecided where either row's slope
-    or fixed part is not, `decided`, or a slope lies wholly below its own graphed layer, `below_graphed`).
+    or fixed part is not, `decided`, or a slope lies wholly below its own graphed layer, `below_graphed`; a decided
+    one marked where another eager row of a slope's configuration contradicts it, `contradicted`).
     From the receipt's `summary` and rows; "–" where it measured nothing."""
     found = _receipts("decode_step_*.json", receipts)
     if not found:
@@ -343,9 +344,14 @@ def decode_step_table(receipts=RECEIPTS) -> str:
                 "layer's cost) (chapter 07's rule for an eager row); the range holds only the spread of the run's own host-timed samples, not run-to-run "
                 "noise, so a ratio whose range contains 1 does not say which eager step is faster, and one whose range "
                 "excludes 1 says so for this run only, and only where the receipt's other eager rows do not "
-                "contradict its slopes: each depth's samples are taken back to back, so drift between the two depths' "
-                "sample blocks is not in the range (chapter 07's section 4 prints a decided ratio whose slope the other "
-                f"rows contradict, and claim 12 sets the ratios beside {RUNS[REPLACED]}'s); "
+                "contradict its slopes: a decided ratio is marked \"contradicted\" where a slope of its two lies "
+                "wholly below that of the same state and experts implementation at a case no larger in batch and "
+                "context, or wholly above one at a case no smaller (a layer's host work shrinks neither with the "
+                "context nor with the batch, and its device work grows with both; set side by side only where both "
+                "slopes' sample ranges lie above zero, neither row's two-depth line fails and neither slope lies "
+                "wholly below its graphed layer), and is then no conclusion, even for this run: each depth's samples "
+                "are taken back to back, so drift between the two depths' sample blocks is not in the range "
+                f"(chapter 07's section 4 prints every such ratio, and claim 12 sets the ratios beside {RUNS[REPLACED]}'s); "
                 + eager_bf16_text(r) + ". " + compiled_bf16_text(r) + " A batch of 16 is 16 "
                 "identical sequences "
                 "(every row starts from the same token over the "
