@@ -218,7 +218,10 @@ def q8_0_codes(x: torch.Tensor, path: str = "x86") -> tuple[torch.Tensor, torch.
 
     path "x86": quantize_row_q8_0's AVX/AVX2 branch (what the llama.cpp CPU runs that wrote the receipts execute):
     d = amax / 127 and id = 127 / amax in float32, codes = round-half-even(x * id).
-    path "ref": quantize_row_q8_0_ref: id = 1 / d, codes = round-half-away-from-zero(x * id).
+    path "ref": quantize_row_q8_0_ref's rule, id = 1 / d, codes = roundf(v) with v = x * id, emulated as
+    sign(v) * floor(|v| + 0.5) in float32. That is roundf (half away from zero) at every |v| <= 127.5 but one:
+    |v| = 0.5 - 2^-25, the largest float32 below one half, where |v| + 0.5 rounds up to 1.0 in float32, so this
+    gives +-1 where roundf gives 0.
     Both store d = fp16(amax / 127). The module comment above cites the source lines."""
     if path not in Q8_0_PATHS:
         raise ValueError(f"path must be one of {Q8_0_PATHS}, got {path!r}")

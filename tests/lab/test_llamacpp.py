@@ -75,6 +75,12 @@ def test_q8_0_codes_round_as_each_ggml_path():
     assert qref[0, :5].tolist() == [127, 3, -3, 4, 1]              # roundf: half away from zero
     assert torch.equal(d86, dref) and d86.dtype == torch.float16
     assert float(d86[0, 0]) == 1.0
+    # the one magnitude where the "ref" emulation, floor(|v| + 0.5) in float32, is not roundf: 0.5 - 2^-25,
+    # the largest float32 below one half (|v| + 0.5 rounds up to 1.0); roundf gives 0 and -0 there
+    z = torch.zeros(1, 32)
+    z[0, :3] = torch.tensor([127.0, 0.5 - 2 ** -25, -(0.5 - 2 ** -25)])
+    assert llamacpp.q8_0_codes(z, "ref")[0][0, :3].tolist() == [127, 1, -1]
+    assert llamacpp.q8_0_codes(z, "x86")[0][0, :3].tolist() == [127, 0, 0]
     # away from ties, the x86 codes are ours (quant_x_rows_ref) and only the stored scale differs
     y = torch.randn(16, 256) * torch.logspace(-2, 2, 256)
     ours, s32 = il.quant_x_rows_ref(y)
@@ -92,6 +98,7 @@ def test_q8_0_codes_equal_the_installed_ggml_bit_for_bit(path):
     x = torch.randn(12, 512) * torch.logspace(-4, 3, 512)
     x[3, :32] = 0.0
     x[4, :4] = torch.tensor([127.0, 2.5, -2.5, 0.5])               # ties, where the two paths differ
+    # (not built to reach |x * id| = 0.5 - 2^-25, where the "ref" emulation is not roundf; see q8_0_codes)
     x[4, 4:32] = 0.0
     q, d = llamacpp.q8_0_codes(x, path)
     gq, gd = llamacpp.ggml_q8_0(x, path)

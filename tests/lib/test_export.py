@@ -164,9 +164,25 @@ def test_permute_rows_turns_half_rope_into_pair_rope():
 CASES = [(a, s) for a in il.models.ARCHS for s in ("rtn", "gptq")]
 
 
+def _quantised(arch, scheme):
+    """The model to export, experts and attention packed. GPTQ calibrates on a small set (256 tokens in windows
+    of 64, for speed) with min_rows=1, so every expert the set routes a row to is a GPTQ pack; at the default
+    min_rows (max(H, I)) so small a set would send most experts, and every Mixtral expert, to round-to-nearest."""
+    if scheme == "rtn":
+        return ex.build_model(arch, "rtn", "experts+attn")[0]
+    from int4lab.gate import calibration_ids, load_model
+    from int4lab.quantize import quantize_model
+    m, tok, _ = load_model(arch, torch.float32, "cpu")
+    m, rep = quantize_model(m, "gptq", "experts+attn", "int8", calib_ids=calibration_ids(tok, 256, 64), min_rows=1)
+    assert rep.attn_modules == m.config.num_hidden_layers
+    assert rep.gptq_experts > 0
+    assert all(f["rows"] == 0 for f in rep.fallback)       # round-to-nearest only where no row was routed
+    return m
+
+
 @pytest.mark.parametrize("arch,scheme", CASES, ids=[f"{a}-{s}" for a, s in CASES])
 def test_export_q4_0_decodes_bit_for_bit(arch, scheme, tmp_path):
-    m, _, _ = ex.build_model(arch, scheme, "experts+attn", calib_tokens=256, calib_len=64)
+    m = _quantised(arch, scheme)
     path = ex.write_gguf(m, tmp_path / f"{arch}.gguf")
     decoded = ex.read_q4_0_decoded(path)
     expected = ex.expected_q4_0(m)
