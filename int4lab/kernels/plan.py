@@ -8,9 +8,11 @@ count, N, K, R) and of the plan a caller passes; a grouped plan also of the mean
 projection. So a call is reproducible and legal under CUDA-graph capture. The
 SM count enters only through the split-K waves rule below, so two parts of one generation with different SM counts
 can get different splits. The table rows
-are the configurations the H200 sweeps picked (notes/kernels.md, "Launch-plan rows": the sweeps' receipts are not in
-the tree; the decode receipt times every row's shape);
-other generations keep the H200 row until someone measures them. A sweep tries other rows by passing a
+are the configurations H200 sweeps picked (notes/kernels.md, "Launch-plan rows"); the sweeps' receipts are not in
+the tree. The decode receipt (H100) times only the plan the table picks for each shape it runs (from 2 tokens,
+both MoE paths), no other plan for those shapes, so it shows what the chosen rows achieve, not that a row beats
+its alternatives. sm_80 takes the H200's rows (adapted where it lacks TMA, as the comments
+below say), none of them measured on such a GPU. A sweep tries other rows by passing a
 GemvPlan to the launchers (`plan=`), never by changing this table at run time.
 
 Split-K rule: a GEMV grid of cdiv(N, block_n) * R programs is too small to keep every SM streaming

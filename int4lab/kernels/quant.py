@@ -10,7 +10,8 @@ Why this form: a GEMV that quantises its own slice of x (one launch per GEMV) do
 per-value work is a multiply, not an IEEE division (a long instruction sequence on NVIDIA GPUs, where Triton's `/`
 is approximate and `tl.math.div_rn` is the exact one; the division form was not timed). `rint` is `cvt.rni` on the
 GPU and an exact magic-number round in the interpreter; nothing is left for the compiler to fuse into an FMA, so
-the bits match the CPU reference. (Until the one-launch GEMV, q was floor(x / s + 0.5).)
+the bits match the CPU reference. (The alternative rule q = floor(x / s + 0.5) differs from this one by at most one
+code; lab/chapters/accuracy.py counts where.)
 
 The jit helpers here are shared by the quantise launches below and the GEMV prologues (gemv_dp4a.py).
 
@@ -55,7 +56,9 @@ def quant_blocks(v, USE_ASM: tl.constexpr):
 
 @triton.jit
 def silu_mul(g, u):
-    """SwiGLU in float32: g / (1 + exp(-g)) * u (the GPU's exp and division: within an ulp of torch's)."""
+    """SwiGLU in float32: g / (1 + exp(-g)) * u with Triton's exp and division (on a GPU its exp and an
+    approximate division; in the interpreter numpy's exp and an IEEE division). Neither exp is torch's: both
+    differ from it in the last bits on many inputs."""
     return g / (1.0 + tl.exp(-g)) * u
 
 
@@ -112,8 +115,10 @@ def quant_x_rows(x: torch.Tensor, q: torch.Tensor | None = None, s: torch.Tensor
 def swiglu_quant_rows(h: torch.Tensor, q: torch.Tensor | None = None, s: torch.Tensor | None = None):
     """h [R, 2I] bf16/fp16/fp32, gate columns first -> int8 [R, I], float32 [R, I/32] of silu(g) * u.
 
-    SwiGLU is computed in float32 as g / (1 + exp(-g)) * u, then quantised like quant_x_rows. The GPU's
-    exp differs from torch's in the last bit, so codes match `swiglu_quant_rows_ref` to within one step.
+    SwiGLU is computed in float32 as g / (1 + exp(-g)) * u (silu_mul), then quantised like quant_x_rows.
+    Triton's exp (the GPU's, or numpy's in the interpreter) differs from torch's in the last bits on many inputs,
+    on any device, so a scale can differ from `swiglu_quant_rows_ref`'s in its last bits and the codes match its
+    codes to within one step.
     """
     check_tensor("h", h, FLOAT_DTYPES, (2,))
     if h.shape[-1] % 64:

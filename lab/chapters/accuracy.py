@@ -3,7 +3,8 @@
 Shape legend: E = experts, N = out features, K = in features, R = activation rows, T = tokens, A = top-k.
 
 Each case draws fresh random weights and activations, runs one kernel (into a NaN-poisoned buffer where the
-kernel takes one: the MoE steps allocate their own output, so for them only exact_frac speaks to completeness) and
+kernel takes one: the MoE steps allocate their own output, so for them only the comparison with the reference
+speaks to completeness: exact_frac, else the error) and
 reports max|out - ref| / max|ref| (the format's reference tolerance is 2**-7: met on the draws tried, not a
 proven bound, as heavy cancellation in an output could break it) and the fraction of outputs equal, bit
 for bit, to the reference rounded to bf16 (what an exact kernel with one final rounding gives): once from
@@ -147,8 +148,8 @@ def counters_zero() -> bool:
 
 
 def quant_x_rows_floor_ref(x):
-    """The activation rounding before the one-launch GEMV: q = floor(x / s + 0.5), one IEEE division per
-    value (same s as quant_x_rows_ref). Kept only to count where the two rules disagree."""
+    """An alternative activation rounding: q = floor(x / s + 0.5), one IEEE division per value (same s as
+    quant_x_rows_ref), to count where it and quant_x_rows_ref's rint(x * (1/s)) disagree."""
     xb = _blocks(x.float())
     s = true_div(xb.abs().amax(-1), float(X_QMAX)) + 1e-12
     q = torch.floor(xb / s.unsqueeze(-1) + 0.5).clamp_(-X_QMAX, X_QMAX).to(torch.int8)
