@@ -1,8 +1,8 @@
 """One gate run: quantise every arm, score every arm on every document, attach CIs, the lottery and the verdicts.
 
 The arms (`arms.py`) are built and scored in groups that fit the device; the source is scored with every
-group, and its per-token figures from the first group are the reference (later groups' source runs are
-checked against them: `source_rerun` in the receipt). The payload's figures are built from per-token
+group, and its per-token figures from the first group are the reference (the largest difference of a later
+group's source nll from them is recorded as `source_rerun` in the receipt; no tolerance is applied to it). The payload's figures are built from per-token
 arrays on the host by `compare.py`.
 """
 from __future__ import annotations

@@ -51,7 +51,7 @@ def _edge(v) -> str:
 
 
 def band_text(b: dict) -> str:
-    """'-0.10% .. +0.20% (lo 95% CI [beyond the tickets, -0.05%], hi [+0.12%, beyond the tickets])'."""
+    """'-0.413% .. +0.080% (lower edge 95% CI [beyond the tickets, -0.361%], upper [-0.142%, beyond the tickets])'."""
     return (f"{b['lo']:+.3%} .. {b['hi']:+.3%} (lower edge {b['level']:.0%} CI [{_edge(b['lo_ci'][0])}, "
             f"{_edge(b['lo_ci'][1])}], upper [{_edge(b['hi_ci'][0])}, {_edge(b['hi_ci'][1])}])")
 
