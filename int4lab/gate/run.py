@@ -2,8 +2,8 @@
 
 The arms (`arms.py`) are built and scored in groups that fit the device; the source is scored with every
 group, and its per-token figures from the first group are the reference (the largest difference of a later
-group's source nll from them is recorded as `source_rerun` in the receipt; no tolerance is applied to it). The payload's figures are built from per-token
-arrays on the host by `compare.py`.
+group's source nll from them is recorded as `source_rerun` in the receipt; no tolerance is applied to it).
+The payload's figures are built from per-token arrays on the host by `compare.py`.
 """
 from __future__ import annotations
 
