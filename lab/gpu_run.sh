@@ -20,7 +20,8 @@
 #            time beside round-to-nearest's (dither_cuda_<card>.txt; FULL_DITHER=0 skips them); FULL_WARM=1 runs the
 #            small unmeasured gate first (--warmup-full: a second run's time, the kernels compiled); FULL_ALLOC_CONF
 #            sets PYTORCH_CUDA_ALLOC_CONF for it (e.g. expandable_segments:True; the log's first line names it and
-#            the timeout); the allocator's retries are logged
+#            the timeout, its second the host); the allocator's retries are logged; the stage's output is kept
+#            beside the receipt as .log, the name the report reads (lab/report/pages.py: the receipt's .json -> .log)
 #   gate_fit the README's gate command on synthetic Qwen3-30B-A3B and Mixtral-8x7B at 1, 2 and 3 layers, one card
 #            plus the host (--device-map auto --max-memory), quick settings taken to the defaults and fitted to full
 #            depth (FIT_ARCHS, FIT_S caps each architecture, FIT_LAYERS, FIT_ARGS, FIT_MEMORY override; FIT_TAG is
@@ -41,7 +42,7 @@
 # Writes under $OUT, every receipt named for the card (h100 / h200): cuda_tests_<card>.txt, replay_check.json,
 # sanitizer_<card>.txt, decode_<card>.json, decode_step_<card>.json, decode_step_qwen2_moe_<card>.json,
 # realscale_gate_olmoe_<card>.json,
-# realscale_gate_full_olmoe_<card>.json (and the gate's whole output, .gate.txt), dither_cuda_<card>.txt, realscale_gate_qwen3_moe_<card>.json,
+# realscale_gate_full_olmoe_<card>.json (and the gate's whole output, .log), dither_cuda_<card>.txt, realscale_gate_qwen3_moe_<card>.json,
 # realscale_gate_mixtral_<card>.json, prefill_<card>.json, pack_<card>.json,
 # generate_<card>.json. Carried wheels in .whl/ (git-ignored) are installed
 # first: transformers (the pinned version; the image's is older) and GemLite (a peer column of the bench).
@@ -138,15 +139,15 @@ if has gate_full; then
   full="$OUT/realscale_gate_full_${farch}${FULL_TAG:-}${FULL_WARM:+_warm}_$card"   # a warmed run keeps its own name
   # the log's first lines record the settings the receipt does not (the allocator's, the stage's limit, the host)
   echo "PYTORCH_CUDA_ALLOC_CONF=${alloc:-(unset: the default allocator)}; timeout ${GATE_S:-480} s" \
-    | tee "$full.gate.txt"
+    | tee "$full.log"
   echo "host: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB memory, /dev/shm $(df -h /dev/shm | awk 'NR==2{print $2}')" \
-    | tee -a "$full.gate.txt"
+    | tee -a "$full.log"
   PYTORCH_CUDA_ALLOC_CONF=$alloc \
   timeout ${GATE_S:-480} python3 -m lab.realscale_gate --arch $farch --full ${FULL_WARM:+--warmup-full} \
     ${FULL_MEMORY:+--device-map auto --max-memory $FULL_MEMORY} ${FULL_COMPARE:+--compare "$FULL_COMPARE"} \
     ${FULL_ARGS:+--gate-args="$FULL_ARGS"} --workdir /dev/shm/rsg_full \
     --out "$full.json" 2>&1 | grep --line-buffered -v "Writing model shards\|Loading weights" \
-    | tee -a "$full.gate.txt" | tail -30
+    | tee -a "$full.log" | tail -30
   rm -rf /dev/shm/rsg_full
 fi
 if has gate_fit; then

@@ -9,7 +9,11 @@ unit cost (`default_seconds`):
             passes = arms + one source pass per group; groups at the defaults = ceil(arms / the largest
             measured group)
     floor   measured floor seconds x (all tokens / scored tokens); not measured: 2 passes over every 16th
-            document at the measured per-pass, per-token cost (the gate's --floor-stride 16)
+            document at the measured per-pass, per-token cost (the gate's --floor-stride 16). That estimate is
+            the scoring alone at the arms' cost: it leaves out the floor's copy of the source in the other
+            precision (float32 beside a bf16 source, twice its bytes), loaded and scored beside the source, and
+            the full-depth receipts that measured a floor took many times it for their own runs
+            (`lab.report.realscale_fit.measured_floors`; the pages print the ratio)
     boot    measured bootstrap seconds x (default arms / measured arms) x (all documents / scored documents)
     fixed   source load and parity, as measured
 

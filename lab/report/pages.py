@@ -11,8 +11,8 @@ from lab.chapters.decode_step import below_graphed, eager_ratio, eager_text, slo
 from lab.chapters.decode_targets import REPLACED, RUNS  # the earlier run chapter 07's claim 12 compares
 from lab.paths import RECEIPTS
 from lab.provenance import portable_command
-from .realscale_fit import (_s, fit_flags, fitted, fitted_time, full_text, gptq_text, off_line, one_depth, one_depth_text,
-                            pack_text, two_depths)
+from .realscale_fit import (_s, fit_flags, fitted, fitted_time, full_text, gptq_text, off_reasons, one_depth,
+                            one_depth_text, pack_text, two_depths)
 from .runlog import summary_text
 from .decode import END, START, _f, _line, read, reading, refuse_partial
 from .targets import misses_table, targets
@@ -196,16 +196,13 @@ def realscale_table(receipts=RECEIPTS) -> str:
                 if "gptq_sweep_default_s" in ex["fits"]:
                     lines += ["", gptq_text(arch, ex, a.get("depths", {}), r["settings"].get("card_bytes"), fitted, _gb,
                                              path.with_suffix(".log"))]
-                warn = [f"`{k}`" for k, v in ex["fits"].items() if off_line(v)]
                 lines += ["", f"Fitted rows: {r['settings']['extrapolation']}; memory: {mem.get('formula', '–')}."
                           + (" Through two depths each line passes through both points, so no depth tests it: its "
                              "full-depth figures are the line's, undecided against any target, and a negative fixed "
                              "part there is not tested either (shown as the line's: "
                              + (", ".join(f"`{k}`" for k, v in ex["fits"].items()
                                           if two_depths(v) and (v.get("fixed") or 0) < 0) or "none") + ")." if two else "")
-                          + (f" Fits the line does not describe (a negative slope: a deeper run measured less; or a "
-                             f"negative fixed part: the depths grow faster than the line), so they decide nothing and "
-                             f"are not shown: {', '.join(warn)}." if warn else "")]
+                          + (" " + off_reasons(ex["fits"]) if off_reasons(ex["fits"]) else "")]
             if not any(a.get("depths") for a in r.get("archs", {}).values()):
                 lines = [lines[0].replace("stopped before every depth ran", "stopped before any depth finished")
                          .replace("; the rows below are the depths that finished.", ".")]   # no table to show

@@ -17,14 +17,44 @@ def _s(x) -> str:
 
 def off_line(f: dict) -> bool:
     """A fit the fixed + layers x per_layer line does not describe: a negative slope (a deeper run measured less) or,
-    through three or more depths, a negative fixed part (the depths grow faster than the line). A line through two
-    depths passes through both: its fixed part tests nothing (`two_depths`)."""
+    through three or more depths, a negative fixed part (from depths that grow faster than the line, or below zero
+    without such growth: `off_reasons` tells them apart). A line through two depths passes through both: its fixed
+    part tests nothing (`two_depths`)."""
     return bool(f.get("warning")) or ((f.get("fixed") or 0) < 0 and not two_depths(f))
 
 
 def two_depths(f: dict) -> bool:
     """True for a line through exactly two depths: it passes through both points, so no depth tests it."""
     return len(f.get("points") or {}) == 2
+
+
+def _steps_grow(f: dict) -> bool:
+    """True when each step per layer between neighbouring measured depths is larger than the one before."""
+    pts = sorted((int(L), v) for L, v in (f.get("points") or {}).items() if v is not None)
+    steps = [(v1 - v0) / (L1 - L0) for (L0, v0), (L1, v1) in zip(pts, pts[1:])]
+    return len(steps) > 1 and all(b > a for a, b in zip(steps, steps[1:]))
+
+
+def off_reasons(fits: dict) -> str:
+    """The sentence naming the fits the line does not describe (`off_line`), each under its own reason: a negative
+    slope; a negative fixed part with each step per layer larger than the last (the depths grow faster than the
+    line); a negative fixed part whose steps do not grow (the rule counts it, but no faster growth stands behind
+    it: its fixed part and slope are printed). "" when there is none."""
+    off = {k: f for k, f in fits.items() if off_line(f)}
+    if not off:
+        return ""
+    slope = [k for k, f in off.items() if f.get("warning") or (f.get("per_layer") or 0) < 0]
+    rest = [k for k in off if k not in slope]
+    grow = [k for k in rest if _steps_grow(off[k])]
+    flat = [k for k in rest if k not in grow]
+    names = lambda ks: ", ".join(f"`{k}`" for k in ks)                         # noqa: E731
+    parts = ([f"with a negative slope (a deeper run measured less): {names(slope)}"] if slope else []) + (
+        [f"with a negative fixed part and each step per layer larger than the last (the depths grow faster than the "
+         f"line): {names(grow)}"] if grow else []) + (
+        ["with a negative fixed part whose steps do not grow, so no faster growth stands behind it (the rule counts "
+         "every negative fixed part through three or more depths): " + ", ".join(f"`{k}` (fixed {off[k]['fixed']:.3g} s against "
+                                                 f"{off[k]['per_layer']:.3g} s a layer)" for k in flat)] if flat else [])
+    return "Fits the line does not describe, so they decide nothing and are not shown: " + "; ".join(parts) + "."
 
 
 def fit_flags(fits: dict) -> list:
@@ -190,7 +220,8 @@ def gptq_text(arch: str, ex: dict, depths: dict, card_bytes, fitted, gb, log=Non
         whole = (f"The README's command{command_text(depths)} at its defaults (every ticket and draw, every document), "
                  f"each depth's parts "
                  f"scaled by `lab.realscale_predict` and fitted to {n} layers: **{v}**{verdict} (points by depth: "
-                 f"{_points(d)}); the fitted row above is the quick settings the depths ran. ")
+                 f"{_points(d)}); the fitted row above is the quick settings the depths ran."
+                 + floor_text(depths, log.parent if log is not None else None) + " ")
     text = whole + (f"GPTQ at the README's defaults{command_text(depths)} (every draw of both targets), each depth scaled "
             f"by `lab.realscale_predict` "
             f"and fitted to {n} layers: column sweeps {fitted(f, 'gptq_sweep_default_s')} (points by depth: "
@@ -210,6 +241,54 @@ def gptq_text(arch: str, ex: dict, depths: dict, card_bytes, fitted, gb, log=Non
                     f"was not predicted for a device-map run, nor measured"
                     if peak and card_bytes and peak > card_bytes else "") + ".")
     return text + swept_text(arch, depths, log)
+
+
+def measured_floors(receipts) -> list[tuple[str, float, float]]:
+    """[(receipt, measured floor s, the estimate for that run)] for every depth of the real-width receipts in the
+    folder `receipts` that ran the precision floor: the estimate is what `lab.realscale_predict.default_seconds`
+    gives the same run (its own arms and texts) with its floor taken as not measured."""
+    import json
+    from pathlib import Path
+
+    from lab.realscale_predict import default_seconds
+    out = []
+    for p in sorted(Path(receipts).glob("realscale_gate_*.json")):
+        for a in json.loads(p.read_text()).get("archs", {}).values():
+            for d in (a.get("depths") or {}).values():
+                g = d.get("gate") or {}
+                tm = g.get("timing") or {}
+                if not tm.get("floor_s") or not g.get("texts"):
+                    continue
+                full = {k: sum(t[k] for t in g["texts"].values()) for k in ("tokens", "docs")}
+                est = default_seconds({**g, "timing": {**tm, "floor_s": 0.0}}, full, g["arms_by_kind"])["floor_s"]
+                out.append((p.name, tm["floor_s"], est))
+    return out
+
+
+def floor_text(depths: dict, receipts=None) -> str:
+    """The README-defaults total's precision-floor part where no measured depth ran the floor: how
+    `lab.realscale_predict` estimates it, its size at the depths, and what the receipts that measured a floor
+    (`measured_floors`, in the folder `receipts`) took against the same estimate for their own runs. "" where every
+    depth measured its floor."""
+    est = [d["defaults"]["seconds"]["floor_s"] for _, d in sorted(depths.items(), key=lambda kv: int(kv[0]))
+           if d.get("gate") and str((((d.get("defaults") or {}).get("seconds") or {}).get("formulas") or {})
+                                    .get("floor_s", "")).startswith("estimated")]
+    if not est:
+        return ""
+    text = (f" The total holds a precision-floor part that no measured depth ran: `lab.realscale_predict` estimates "
+            f"it as 2 passes over every 16th document at the arms' scoring cost per token ({min(est):.2g}-"
+            f"{max(est):.2g} s at the measured depths), which leaves out the float32 copy of the source that the floor "
+            f"loads and scores (twice the source's bytes, held beside the source: a placement no fitted depth had)")
+    checks = [(n, m / e) for n, m, e in (measured_floors(receipts) if receipts is not None else []) if e]
+    if not checks:
+        return text + "; no receipt here measured a floor to check the estimate against."
+    lo, hi = min(q for _, q in checks), max(q for _, q in checks)
+    names = [f"`{n}`" for n in sorted({n for n, _ in checks})]
+    many = len(checks) > 1
+    return text + (f"; the {'floors' if many else 'floor'} measured in {' and '.join(names)} took "
+                   + (f"{lo:.0f}×" if f"{lo:.0f}" == f"{hi:.0f}" else f"{lo:.0f}-{hi:.0f}×")
+                   + f" that estimate for {'their own runs' if many else 'its own run'}, so the total's floor part "
+                     "rests on an estimate that the floors measured do not bear out.")
 
 
 def calib_need(arch: str) -> tuple[int, int]:
@@ -331,9 +410,9 @@ def gptq_rate_text(arch: str, depths: dict, log=None) -> str:
     # the fit with every routed expert swept (a partial run beside it, e.g. a forced-offload one, is not that fit)
     allx = [q.name for q in sorted(log.parent.glob(f"realscale_gate_{arch}_allexperts_*.json"))
             if "offload" not in q.name] if log else []
-    return (" GPTQ sweeps a layer's experts in batches (as many as its scratch budget holds: a quarter of the free "
-            "GPU memory, at most 16 GiB, `int4lab/quantize/driver.py`), so its time does not grow in proportion to "
-            "the experts swept, and no "
+    return (" GPTQ sweeps a layer's experts in batches (`int4lab/quantize/driver.py`; as many as its scratch budget "
+            "holds: a quarter of the free GPU memory, at most 16 GiB, `budget_bytes` in "
+            "`int4lab/quantize/placement.py`), so its time need not grow in proportion to the experts swept, and no "
             "prediction for every expert is read off this share"
             + (f"; `data/receipts/{allx[0]}` measures it with every expert that calibration reaches swept "
                "(`--min-rows 1`)." if allx else "."))

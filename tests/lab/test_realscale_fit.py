@@ -1,4 +1,5 @@
 """The GPTQ line under a truncated-depth fit says where the depths' sources sat and what share GPTQ swept."""
+import json
 from pathlib import Path
 
 from lab.report.realscale_fit import (all_on_gpu, calib_need, command_text, fitted_time, full_text, gptq_swept,
@@ -210,3 +211,64 @@ def test_depths_that_grow_faster_than_a_line_bound_the_full_depth_from_below():
     ex["targets"]["gate_s"]["target"] = 5000.0
     assert "(target ≤ 5000 s: undecided)" in gptq_text("mixtral", ex, _depths(), 8.5e10,
                                                         lambda f, k, *a: "undecided", str)
+
+
+def test_each_fit_off_the_line_is_named_under_its_own_reason():
+    # a negative slope; a negative fixed part from steps that grow; a negative fixed part whose steps do not grow
+    from lab.report.realscale_fit import off_reasons
+    fits = {"synth_s": {"points": {"1": 13.1, "2": 7.1, "3": 11.9}, "fixed": 12.0, "per_layer": -0.63,
+                        "warning": "per_layer < 0"},
+            "gate_s": {"points": {"1": 37.0, "2": 67.1, "3": 130.7}, "fixed": -15.4, "per_layer": 46.8},
+            "load_source_s": {"points": {"1": 0.726, "2": 1.655, "3": 2.307}, "fixed": -0.0182, "per_layer": 0.790},
+            "score_s": {"points": {"1": 1.7, "2": 2.6, "3": 3.4}, "fixed": 0.88, "per_layer": 0.84},
+            "two": {"points": {"1": 2.07, "2": 4.18}, "fixed": -0.04, "per_layer": 2.11}}
+    t = off_reasons(fits)
+    assert "with a negative slope (a deeper run measured less): `synth_s`;" in t
+    assert "each step per layer larger than the last (the depths grow faster than the line): `gate_s`;" in t
+    assert "whose steps do not grow, so no faster growth stands behind it" in t
+    assert "`load_source_s` (fixed -0.0182 s against 0.79 s a layer)" in t
+    assert "score_s" not in t and "`two`" not in t                # on the line, or through two depths: not named
+    assert off_reasons({"score_s": fits["score_s"]}) == ""
+
+
+def test_an_estimated_floor_is_set_beside_the_floors_measured(tmp_path):
+    # the README-defaults total's floor part, estimated where the depths ran --no-floor, against the estimate that
+    # `default_seconds` gives a run that measured its floor (the same formula on that run's own arms and texts)
+    from lab.report.realscale_fit import floor_text, measured_floors
+    est = {"floor_s": 0.3, "formulas": {"floor_s": "estimated: 1e-05 s per pass-token x 2 passes x 1000 / 16 tokens"}}
+    depths = {"1": {"gate": {"s": 9.0}, "defaults": {"seconds": {**est, "floor_s": 0.25}}},
+              "2": {"gate": {"s": 9.0}, "defaults": {"seconds": est}}}
+    assert "(0.25-0.3 s at the measured depths)" in floor_text(depths)
+    assert "no receipt here measured a floor" in floor_text(depths)
+    g = {"timing": {"score_s": 44.0, "floor_s": 3.0, "bootstrap_s": 1.0, "load_source_s": 1.0, "parity_s": 0.0},
+         "texts": {"test": {"tokens": 1000, "docs": 20}, "ood": {"tokens": 1000, "docs": 20}}, "groups": [3, 1],
+         "arms": 4, "arms_by_kind": {"rtn": 1, "lottery": 2, "gptq": 1},
+         "build_s_by_kind": {"rtn": 1.0, "lottery": 2.0, "gptq": 5.0}}
+    (tmp_path / "realscale_gate_full_olmoe_h100.json").write_text(json.dumps(
+        {"archs": {"olmoe": {"depths": {"16": {"gate": g}}}}}))
+    # 44 s over 6 passes of 2000 tokens; the estimate: 2 passes over 2000 / 16 tokens at that cost = 0.917 s
+    (name, measured, e), = measured_floors(tmp_path)
+    assert name == "realscale_gate_full_olmoe_h100.json" and measured == 3.0 and round(e, 3) == 0.917
+    t = floor_text(depths, tmp_path)
+    assert "the floor measured in `realscale_gate_full_olmoe_h100.json` took 3× that estimate for its own run" in t
+    assert "float32 copy of the source" in t
+    depths["2"]["defaults"]["seconds"] = {"floor_s": 2.0, "formulas": {"floor_s": "2 s x 1000 / 100 tokens"}}
+    del depths["1"]["defaults"]
+    assert floor_text(depths, tmp_path) == ""                     # every depth measured its floor: nothing to say
+
+
+def test_the_batched_sweep_names_where_its_budget_is_set():
+    from lab.report.realscale_fit import gptq_rate_text
+    g = {"settings": {"calib_tokens": 16384}, "arms_by_kind": {"gptq": 2}, "gptq_sweep_s": 12.0,
+         "table": ["gptq PASS (GPTQ→RTN fallback: 5 of 8 experts)"]}
+    t = gptq_rate_text("mixtral", {"1": {"gate": g, "defaults": {"gptq": {"arms": 6}}}})
+    assert "`budget_bytes` in `int4lab/quantize/placement.py`" in t and "need not grow in proportion" in t
+    from int4lab.quantize.placement import budget_bytes
+    assert "a quarter of the free GPU memory, at most 16 GiB" in budget_bytes.__doc__
+
+
+def test_the_full_depth_stage_writes_the_log_name_the_report_reads():
+    # the report reads a full-depth receipt's log as the receipt's path with .log (lab/report/pages.py)
+    sh = (Path(__file__).resolve().parents[2] / "lab" / "gpu_run.sh").read_text()
+    stage = sh[sh.index("if has gate_full"):sh.index("if has gate_fit")]
+    assert '--out "$full.json"' in stage and 'tee -a "$full.log"' in stage and ".gate.txt" not in sh
