@@ -21,6 +21,10 @@ import sys
 from lab.bench.ggml_peer import GATE_UP_LAUNCHES
 from lab.bench.schema import OURS_MOE
 
+# The rotated llama.cpp columns and the ‡ legend repeat ggml_peer's fixed timer label (rotation, ggml's CUDA graphs),
+# not a record of the run: the receipt does not say whether ggml's CUDA graphs were on. RESULTS.md and chapter 05
+# print these tables through lab/report/targets.py's `peer_labels`, which names those columns and that legend by
+# what the receipt records.
 GEMV_COLUMNS = (("int4_b32", "int4_b32 (ours)"), ("marlin", "Marlin W4A16 g128"),
                 ("llamacpp_q4_0", "llama.cpp CUDA Q4_0 (test-backend-ops, eager)†"),
                 ("llamacpp_q4_K", "llama.cpp CUDA Q4_K (test-backend-ops, eager)†"),

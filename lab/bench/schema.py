@@ -32,7 +32,8 @@ OURS_MOE = ("int4_b32_moe", "int4_b32_grouped")
 IMPLS = GEMV_IMPLS + MOE_IMPLS
 # Rows merged in from llama.cpp's CUDA backend, never scheduled by the bench (lab/bench/ggml_peer.py): dense
 # MUL_MAT, and ("_moe") a one-token MoE layer's MUL_MAT_IDs; timed by ggml's test-backend-ops perf (eager stream,
-# the same weights re-read) or ("_rot") by a harness over ggml with the bench's method (rotated copies, CUDA graphs).
+# the same weights re-read) or ("_rot") by a harness over ggml that the merge labels with the bench's method
+# (rotated copies, CUDA graphs): ggml_peer's fixed label, not a record of the run.
 LLAMACPP_IMPLS = tuple(f"llamacpp_{t}{way}{moe}" for t in ("q4_0", "q4_K") for way in ("", "_rot")
                        for moe in ("", "_moe"))
 ROW_IMPLS = IMPLS + LLAMACPP_IMPLS

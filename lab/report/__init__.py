@@ -33,7 +33,8 @@ from .decode import (  # noqa: F401
 from .targets import (  # noqa: F401
     GEMV_FLOOR, GEMV_BESIDE_PEERS, ONE_TOKEN_MOE, BATCHED_MOE, Check, repeat_of, STABLE_PEERS,
     run_to_run, DECIDE_GLOB, paired_ratios, BIG_SHAPES, MOE_FLOOR_LIMIT, MOE_OVER_BF16, BATCH_TOKENS,
-    BATCH_FLOOR_LIMIT, BATCH_SPEEDUP, targets, targets_table, target_definitions, misses_table, render)
+    BATCH_FLOOR_LIMIT, BATCH_SPEEDUP, targets, targets_table, target_definitions, misses_table, render,
+    ROT_HEADER, ROT_LEGEND, peer_labels, peer_gemv_table, peer_moe_table, peer_tables)
 from .figures import (  # noqa: F401
     GEMV_COLORS, MOE_COLORS, GEMV_LABELS, floor_fixed_share, plot_time_over_floor, plot_moe,
     plot_moe_tokens)

@@ -289,6 +289,43 @@ def _late_note(rec) -> str:
             if late else " (`late`: none in this receipt)")
 
 
+# ---- the peers at their own read floors (lab/bench/peer_table.py), as this report prints them --------------
+# peer_table names its rotated llama.cpp columns "(rotated, CUDA graph)‡" and describes that harness in its ‡ legend
+# as the merge script expects it (ggml's CUDA graphs, "given the bench's L2 figure"). The receipt records none of
+# that: its only trace of the harness is the timer label lab/bench/ggml_peer.py writes for every rotated file, a
+# constant of that script. So the report prints those columns and that legend by what is recorded.
+ROT_AS_LABELLED = "(rotated, CUDA graph)‡"
+ROT_HEADER = "(rotating harness)‡"
+_ROT_LEGEND = peer_table.DAGGER[peer_table.DAGGER.index("‡"):peer_table.DAGGER.index(" Both are host wall clock")]
+ROT_LEGEND = ("‡ a harness over ggml's library, outside this repository, on weights of its own (not the bench's), "
+              "run in separate processes whose output `lab/bench/ggml_peer.py` merged into the receipt (which records "
+              "neither when nor on which device they ran); what the receipt keeps of it is the timer label that script "
+              "writes for every rotated file, not read from the run: weight copies rotated past 4× L2, median of 20 "
+              "samples of ≥ 16 calls. That label also names ggml's CUDA graphs, a build option of ggml whose setting "
+              "in the peers' build is not recorded, so whether they were on is not established.")
+
+
+def peer_labels(text: str) -> str:
+    """peer_table's text with its rotated llama.cpp column names (ROT_AS_LABELLED -> ROT_HEADER) and their ‡ legend
+    (ROT_LEGEND) saying what the receipt records of that harness."""
+    return text.replace(_ROT_LEGEND, ROT_LEGEND).replace(ROT_AS_LABELLED, ROT_HEADER)
+
+
+def peer_gemv_table(rec) -> str:
+    """`peer_table.gemv_table` with the rotated columns named by `peer_labels`."""
+    return peer_labels(peer_table.gemv_table(rec))
+
+
+def peer_moe_table(rec) -> str:
+    """`peer_table.moe_table` with the rotated columns named by `peer_labels`."""
+    return peer_labels(peer_table.moe_table(rec))
+
+
+def peer_tables(rec) -> str:
+    """`peer_table.render` (both tables and their legend) through `peer_labels`."""
+    return peer_labels(peer_table.render(rec))
+
+
 def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
     """RESULTS.md's decode block: provenance, method, GEMV, MoE and target tables, skipped count. `spread`: the
     run-to-run spread (run_to_run) under which a target's margin is "undecided"; `paired` (paired_ratios)
@@ -326,7 +363,7 @@ def render(rec, anchors=(), spread: float = 0.0, paired=None) -> str:
         "**Batch-1 GEMV, µs**\n\n" + gemv_table(rec, anchors),
         "**MoE layer (gate_up, SwiGLU, down, weighted combine; the llama.cpp columns are sums of its MUL_MAT_ID ops, "
         "not its layer: †, ‡), µs**\n\n" + moe_table(rec, anchors),
-        peer_table.render(rec),          # every implementation over its own read floor (lab/bench/peer_table.py)
+        peer_tables(rec),                # every implementation over its own read floor (lab/bench/peer_table.py)
         f"**Targets: {n_pass} of {len(checks)} met, {n_open} undecided, {n_none} not measured**"
         + (f" (undecided: met or missed by less than {100 * spread:.1f} %, the 90th percentile of how far the same "
            "torch kernels' medians moved between two bench runs, `report.run_to_run`)" if spread else

@@ -201,6 +201,19 @@ def test_tables_show_each_peer_over_its_floor_and_bf16_at_its_floor(tmp_path):
     assert "they record percentiles only where the rotating harness printed them" in text
 
 
+def test_the_report_names_the_rotated_columns_by_what_the_receipt_records(tmp_path):
+    """peer_table's rotated headers and ‡ legend repeat ggml_peer's fixed label (CUDA graphs); the report's tables
+    (RESULTS.md, chapter 05) name them by what the receipt records and say the graphs are not established."""
+    _, _, rec = _merged(tmp_path)
+    for table in (report.peer_gemv_table(rec), report.peer_moe_table(rec)):
+        head = table.splitlines()[0]
+        assert "llama.cpp CUDA Q4_0 " + report.ROT_HEADER in head and "CUDA graph" not in head
+    text = report.peer_tables(rec)
+    assert report.ROT_LEGEND in text and "given the bench's L2 figure" not in text
+    assert "CUDA graph)" not in text and "not established" in text
+    assert report.peer_labels(peer_table.render(rec)) == text
+
+
 def test_a_host_timed_moe_row_is_decided_on_the_ops_actually_timed():
     """gate_up is twice the one [I, H] op timed (gate and up), so the 10 µs rule applies to half of it."""
     ours = _row(layer="moe", impl="int4_b32_moe", us=20.0, p10_us=19.9, p90_us=20.1)
