@@ -54,6 +54,53 @@ def moe_pdl(rec: dict, a: dict) -> bool | None:
     return bool(prep[3]) if prep[0] == "routed" else None
 
 
+def moe_path(rec: dict, a: dict, batch: int) -> dict | None:
+    """The path the modules' MoE step (`int4lab.kernels.ops`, the expert step of every int4 state) takes for an arch
+    of the receipt at `batch` tokens on the receipt's device, and the kernels it launches there: {"path": "routed"
+    or "grouped", "launches": [kernel names in order], "rows": routed rows (batch × top-k), "experts",
+    "rows_per_expert": rows / min(experts, rows), the quantity `plan.moe_grouped` compares with its threshold}. The routed path is the
+    two expert GEMVs (gate_up, then down with SwiGLU and the combine); the grouped path tiles the routed rows by
+    expert and launches the routing, the activation's quantisation, the grouped gate_up, SwiGLU's quantisation and
+    the grouped down. Counted from the code, not measured: `ops._moe_impl` run on shape-only tensors (the arch's
+    `config`) with its four launchers replaced by counters, the plans' device queries answered for the receipt's
+    device (`accuracy._on`: no GPU needed); the path depends on the shapes only, not on which experts the rows pick.
+    None where the device is not an H100 or H200 (sm_90, the generation this answers for)."""
+    from unittest import mock
+
+    import torch
+
+    from int4lab.archs import get
+    from int4lab.kernels import ops
+    from .accuracy import _on
+    device = str(rec.get("provenance", {}).get("device") or "")
+    if not any(name in device for name in ("H100", "H200")):
+        return None
+    z = get(a["arch"]).sizes(a["config"])
+    H, I, E, A = z["hidden"], z["intermediate"], z["experts"], z["top_k"]
+
+    def meta(*shape, dtype=torch.float32):
+        return torch.empty(*shape, dtype=dtype, device="meta")
+    args = (meta(batch, H, dtype=torch.bfloat16), meta(batch, A, dtype=torch.int32), meta(batch, A),
+            meta(E, 2 * I, H // 2, dtype=torch.uint8), meta(E, 2 * I, H // 32, dtype=torch.float16),
+            meta(E, H, I // 2, dtype=torch.uint8), meta(E, H, I // 32, dtype=torch.float16))
+    launches = []
+
+    def counted(name, result):
+        def launch(*args, **kwargs):
+            launches.append(name)
+            return result(*args)
+        return launch
+    with _on("sm90", 132), mock.patch.object(ops, "_PREPARED", {}), \
+            mock.patch.object(ops, "run_gemv", counted("gemv_dp4a_kernel", lambda *x: x[9])), \
+            mock.patch.object(ops, "run_grouped", counted("grouped_kernel", lambda *x: x[6])), \
+            mock.patch.object(ops, "run_quant_rows", counted("quant_rows_kernel", lambda *x: (x[2], x[3]))), \
+            mock.patch.object(ops._grouped, "route_tiles", counted("route_tiles_kernel", lambda *x: None)):
+        ops._moe_impl(*args)
+    L = batch * A
+    return {"path": "grouped" if "grouped_kernel" in launches else "routed", "launches": launches, "rows": L,
+            "experts": E, "rows_per_expert": L / min(E, L)}
+
+
 def gaps_text(gaps: float, busy: float, pdl: bool | None = None) -> str:
     """The breakdown's gaps: the profiled replay's layer minus the replay's own summed kernel time (`busy`, per
     layer), not minus the eager-profile kernel times the reason lists. A difference of two separately timed totals,

@@ -72,6 +72,26 @@ def _stable(m: dict) -> str:
                      + ("same" if st[s] else "not the same") for s in STATES if s in st) or "–"
 
 
+def _streams(arch: str, mode: str, m: dict) -> str | None:
+    """The greedy streams a ratio's rounds were fed, as far as the receipt keeps them: each state's stream of the
+    last round only (`lab.decode_step.generate.run_mode`). Which states' kept streams are the same, and for each
+    int4 state in how many decode steps it was fed the same token id as bf16 (an N-token call's decode steps are fed
+    its first N − 1 tokens, the first token coming from the prefill); a state whose stream was not the same in every
+    round leaves its other rounds' ids unrecorded. None where the receipt keeps no bf16 stream."""
+    tok, st = m.get("tokens") or {}, m.get("stable") or {}
+    have = [s for s in STATES if tok.get(s)]
+    if "bf16" not in have or len(have) < 2:
+        return None
+    same = [f"{shown(x)} and {shown(y)} the same" for i, x in enumerate(have) for y in have[i + 1:] if tok[x] == tok[y]]
+    fed = [f"{shown(s)} fed the same token id as bf16 in {sum(a == b for a, b in zip(tok[s][:-1], tok['bf16'][:-1]))} "
+           f"of its {len(tok[s]) - 1} decode steps" for s in have if s != "bf16"]
+    moving = [shown(s) for s in have if st.get(s) is False]
+    return (f"{arch}, {mode}, greedy streams of the last round (the only round whose streams the receipt keeps): "
+            + "; ".join(same + fed)
+            + (f"; not the same in every round: {', '.join(moving)}, whose other rounds' ids are not recorded"
+               if moving else "") + ".")
+
+
 def _missing(rec: dict, arch: str, a: dict) -> list[str]:
     """What the receipt did not measure for `arch`: the modes absent, its `skipped` and `errors` rows (the
     architecture's and each mode's)."""
@@ -111,6 +131,7 @@ def receipt_text(path, rec: dict) -> str:
                                     *(_ratio(m, r, d) for r in RATIOS), _stable(m)]))
         miss = _missing(rec, arch, a)
         notes.append(f"{arch}, not measured: " + ("; ".join(miss) if miss else "nothing") + ".")
+        notes += [t for mode, m in a.get("modes", {}).items() for t in [_streams(arch, mode, m)] if t]
     if len(lines) == 4:
         lines.append(_line(["–"] * 10))
     return "\n".join(lines + ["", *notes])
@@ -137,6 +158,8 @@ def generate_text(receipts_dir=RECEIPTS) -> str:
               "`int4_fused` state and the decode-step benchmark's int4_fused2; whether its one-launch attention "
               "took its fast path in `generate`'s loop (else the stock attention runs) is not recorded. Greedy tokens: "
               "on random weights a greedy stream can collapse to one repeated id, and a stream the same in every "
-              "round then says little about determinism; the states decode different streams, so a paired ratio "
-              "compares steps fed different token ids (their shapes and cache positions are the same).")
+              "round then says little about determinism. The receipt keeps each state's stream of the last round "
+              "only; the line per model and mode under the table says which of those streams are the same and in "
+              "how many decode steps each int4 state was fed the same token id as bf16 (the other steps compare "
+              "different token ids at the same shapes and cache positions).")
     return "\n\n".join(out + [legend])

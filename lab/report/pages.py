@@ -293,6 +293,32 @@ def eager_bf16_text(r: dict) -> str:
                 f"shows no implementation faster): {', '.join(passed)}" if passed else ""))
 
 
+def moe_path_text(r: dict) -> str:
+    """The decode-step table's note on the int4 states' MoE step at each batch above 1 (`decode_targets.moe_path`:
+    counted from the code on the receipt's shapes, not measured): where it takes the grouped path, so that those
+    rows run other expert kernels than batch 1's routed GEMVs. Empty where the receipt's device is not one the
+    count answers for, or no batch above 1 was run."""
+    from lab.chapters.decode_targets import moe_path
+    grouped, routed = [], []
+    for arch, a in r.get("archs", {}).items():
+        for b in sorted({int(case.split()[0][1:]) for case in a.get("summary", {})} - {1}):
+            p = moe_path(r, a, b)
+            if p is None:
+                return ""
+            (grouped if p["path"] == "grouped" else routed).append(
+                (arch, b, p["rows"], p["experts"], len(p["launches"])))
+    if not grouped:
+        return ""
+    return ("The int4 states' MoE step picks its path from the shapes (`plan.moe_grouped` on sm_90: at least 2 "
+            "routed rows per expert on average; counted from the code, `decode_targets.moe_path`, not measured): "
+            + "; ".join(f"{arch} at batch {b} takes the grouped path ({rows} routed rows over {e} experts, {n} "
+                        "launches in place of the routed path's 2 expert GEMVs)" for arch, b, rows, e, n in grouped)
+            + ("; " + "; ".join(f"{arch} at batch {b} stays routed ({rows} rows over {e} experts)"
+                                for arch, b, rows, e, _ in routed) if routed else "")
+            + ". Those grouped rows run other expert kernels than batch 1, so their growth from batch 1 holds that "
+              "change of path, not separated (no batch above 1 was profiled).")
+
+
 def decode_step_table(receipts=RECEIPTS) -> str:
     """What int4 buys in a whole decode step (`python -m lab.decode_step`): per model, batch and context, one
     layer's time against its read floor: int4 as quantised, int4_fused and int4_fused2 (`fuse_decode`) graphed,
@@ -353,7 +379,7 @@ def decode_step_table(receipts=RECEIPTS) -> str:
                 "identical sequences "
                 "(every row starts from the same token over the "
                 "same cache): it reads as many distinct experts as batch 1 (which ones is not recorded), so its rows are not batched decoding of distinct sequences. "
-                f"`{path.name}`: {_prov(r)}.")
+                + (f"{m} " if (m := moe_path_text(r)) else "") + f"`{path.name}`: {_prov(r)}.")
     return "\n\n".join(out)
 
 

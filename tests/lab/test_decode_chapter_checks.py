@@ -1,5 +1,6 @@
-"""The chapter-07 checks that read a decode-step receipt: which models' MoE step overlaps its two GEMVs (PDL), and
-which eager slopes another case of the same configuration contradicts."""
+"""The chapter-07 checks that read a decode-step receipt: which models' MoE step overlaps its two GEMVs (PDL), which
+path and launches the MoE step takes at each batch, which eager slopes another case of the same configuration
+contradicts; and the `generate` block's line on the greedy streams its ratios were fed."""
 import copy
 import json
 
@@ -29,6 +30,37 @@ def test_moe_pdl_unknown_device(rec):
     other = copy.deepcopy(rec)
     other["provenance"]["device"] = "NVIDIA A100-SXM4-80GB"
     assert all(tg.moe_pdl(other, a) is None for a in other["archs"].values())
+
+
+def test_moe_path_by_shape(rec):
+    """Batch 1 is routed on every model (the two expert GEMVs); at batch 16 a model takes the grouped path exactly
+    where its routed rows average at least 2 per expert (on sm_90), five launches in place of two."""
+    for m, a in rec["archs"].items():
+        one = tg.moe_path(rec, a, 1)
+        assert one["path"] == "routed" and one["launches"] == ["gemv_dp4a_kernel"] * 2, m
+        p = tg.moe_path(rec, a, 16)
+        assert (p["path"] == "grouped") == (p["rows_per_expert"] >= 2), m
+        assert p["launches"] == (["route_tiles_kernel", "quant_rows_kernel", "grouped_kernel", "quant_rows_kernel",
+                                  "grouped_kernel"] if p["path"] == "grouped" else ["gemv_dp4a_kernel"] * 2), m
+    assert tg.moe_path(rec, rec["archs"]["mixtral"], 16)["path"] == "grouped"      # 32 rows over 8 experts
+
+
+def test_moe_path_unknown_device(rec):
+    other = copy.deepcopy(rec)
+    other["provenance"]["device"] = "NVIDIA A100-SXM4-80GB"
+    assert all(tg.moe_path(other, a, 16) is None for a in other["archs"].values())
+
+
+def test_generate_streams_line_counts_the_steps_fed_the_same_id():
+    """The kept (last-round) streams: two int4 states the same, each fed bf16's id in one of 3 decode steps (a
+    4-token call's steps are fed its first 3 tokens), bf16's stream not the same in every round."""
+    from lab.report.generate import _streams
+    m = {"tokens": {"bf16": [1, 1, 2, 5], "int4": [2, 2, 2, 2], "int4_fused": [2, 2, 2, 2]},
+         "stable": {"bf16": False, "int4": True, "int4_fused": True}}
+    line = _streams("olmoe", "eager", m)
+    assert "int4 and int4_fused2 the same" in line and line.count("in 1 of its 3 decode steps") == 2
+    assert "not the same in every round: bf16, whose other rounds' ids are not recorded" in line
+    assert _streams("olmoe", "eager", {"tokens": {"int4": [2]}, "stable": {"int4": True}}) is None
 
 
 def _comparable_rows(rec):
