@@ -38,7 +38,7 @@ import torch
 from ._checks import FLOAT_DTYPES, check_finite, check_tensor
 
 ALGOS = ("weight_only_int4",)
-INTERLEAVED_ARCHS = (75, 80, 86, 89, 90)   # Paddle sends these to the column-interleaved CUTLASS layout
+INTERLEAVED_ARCHS = (75, 80, 86, 89, 90)   # the column-interleaved CUTLASS layout at the cited Paddle revisions
 ROW_MAJOR_ARCHS = (70,)                     # Volta: row-major bytes, bias + in-register interleave only
 ARCHS = ROW_MAJOR_ARCHS + INTERLEAVED_ARCHS
 GROUP_SIZES = (-1, 64, 128)                 # Paddle's WeightQuantizeKernel accepts exactly these
@@ -321,8 +321,10 @@ def weight_quantize(x: torch.Tensor, algo: str = "weight_only_int4", arch: int =
     quantiser). For arch 70 per channel, Paddle's GPU path uses its row-pack quantiser, roundf(x * (1 / scale)),
     which is not emulated: there the codes can differ by one code near a half from Paddle's GPU and CPU paths alike.
     arch 75/80/86/89/90: the interleaved CUTLASS layout (`interleave_codes`); arch 70: row-major bytes with bias
-    and register interleave (`row_major_codes`). arch 100 is refused: Paddle's CPU path @04818d11 admits it but
-    has no layout branch for it (nothing is written to out), and its GPU permute @2c8abd87 has none either.
+    and register interleave (`row_major_codes`). arch 100 is refused, following the cited revisions: Paddle's CPU
+    path @04818d11 admits it but has no layout branch for it (nothing is written to out), and the GPU permute
+    @2c8abd87 has none either; a later revision of the permute (feixi139/Paddle@d58d925a) sends 100 to the
+    interleaved layout too.
     """
     _check_algo_arch(algo, arch, group_size)
     check_tensor("x", x, FLOAT_DTYPES, (2,))

@@ -16,7 +16,7 @@ or fma by 1/16 and -72 (top nibbles, which sit 4 bits up: (1024 + 16 v) / 16 - 7
 The scale is per channel, so it multiplies the fp32 sum once at the end.
 
 Bytes per call (the floor): read N*K/2 (weights) + 2N (scale) + 2RK (x), write 2RN; at R = 1 the weights are
-99.9% of it, so time ~ N*K/2 / bandwidth. `w4a16_cutlass_bytes` counts it for the bench harness.
+98.8-99.9 % of it at the bench's shapes, so time ~ N*K/2 / bandwidth. `w4a16_cutlass_bytes` counts it for the bench harness.
 """
 from __future__ import annotations
 
