@@ -96,9 +96,9 @@ def grouped_case(L, N, K, E, device, block_m=4, kind="dp4a"):
     """The grouped kernel on L routed rows over E >= 2 experts: kind "dp4a" on the device's table row for
     block_m; "mma", the tensor-core kernel, on the tile of sm90's first tensor-core row (block_n, block_k) at
     block_m >= 4, weights loaded by the threads (not TMA; the suite checks that TMA gives the same bits), one warp
-    off a GPU. The ids skip expert E // 2, so an expert with no row always sits between experts that have rows (a
-    random draw leaves one empty only by chance); the row adds "empty_experts", the number of experts that got no
-    row."""
+    off a GPU. The ids skip expert E // 2, so at least one expert always gets no row (a random draw leaves one empty
+    only by chance): for E >= 3 an interior expert, whose neighbours get rows unless the same draw leaves them empty
+    too; for E = 2 the last expert. The row adds "empty_experts", the number of experts that got no row."""
     if E < 2:
         raise ValueError(f"E must be >= 2 (one expert is left without rows), got {E}")
     if kind not in ("dp4a", "mma"):
