@@ -22,8 +22,9 @@ with its CI, reported beside every verdict, is how far it moved either way.
 Calibration (is GPTQ's paired change against round-to-nearest beyond what a dithered re-rounding, a lottery
 ticket, gives?) is a test with a stated error rate: CALIBRATION_RULE, `calibration_judgement`. Its null is that a
 draw is exchangeable with the tickets at their dither amplitude, which is narrower than "calibration buys nothing
-beyond rounding luck": a draw that gains nothing but moves more codes than the dither spreads wider, and the test
-calls such draws helpful more often than alpha (the rule text says so). The rounding band of the lottery tickets is drawn
+beyond rounding luck": a draw that gains nothing but moves more codes than the dither may spread wider than a ticket
+(not measured: a draw's spread is not estimated), and the test then calls it helpful more often than alpha (the rule
+text says so). The rounding band of the lottery tickets is drawn
 with the uncertainty of its own edges (`rounding_band`).
 """
 from __future__ import annotations

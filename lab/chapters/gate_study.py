@@ -350,7 +350,9 @@ def codes_moved(arch: str, receipt: dict, tok, train, loader) -> dict:
 
 def _experts(fallback: list) -> list:
     """The (layer, expert) pairs of a fallback list. Their row counts are left out: past the first quantised layer
-    the routing depends on float rounding, which moves a count by a row or two between CPUs."""
+    the routing depends on float rounding, so a count can differ between CPUs, a fallback expert's included (how
+    far is not bounded here); an expert whose count lies near `min_rows` could then change sides, which the
+    comparison of pairs would show."""
     return [(f["layer"], f["expert"]) for f in fallback]
 
 
