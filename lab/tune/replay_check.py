@@ -71,8 +71,9 @@ def replays_match(fn, static, input_sets, replays: int, capture=_cuda_capture) -
     tensors shaped like `static`. Each set's eager output is its reference; then fn is captured once and replay
     i runs on set i % len(input_sets), copied into `static`, with the output and every split-K partial
     workspace (`launch.WORKSPACES`) poisoned first; each replay must equal its own set's reference bit for bit.
-    Consecutive replays see different inputs, so a program that read a partial slot before this replay's
-    store landed would read the previous replay's value (or the poison) and differ. `capture(fn)` ->
+    A program that read a partial slot before this replay's store landed would read the poison (or, where two
+    GEMVs share a workspace, the other's partial) and differ; consecutive replays see different inputs because an
+    intermediate output read by a later kernel is not poisoned and holds the previous replay's values. `capture(fn)` ->
     (replay, out); the CUDA graph by default. Returns {"replays_identical", "inputs_differ"}: inputs_differ is
     False when two sets give the same reference bits (an out-of-date read between them would then be invisible)."""
     if len(input_sets) < 2 or replays < 1:
