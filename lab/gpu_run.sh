@@ -42,7 +42,7 @@
 # Writes under $OUT, every receipt named for the card (h100 / h200): cuda_tests_<card>.txt, replay_check.json,
 # sanitizer_<card>.txt, decode_<card>.json, decode_step_<card>.json, decode_step_qwen2_moe_<card>.json,
 # realscale_gate_olmoe_<card>.json,
-# realscale_gate_full_olmoe_<card>.json (and the gate's whole output, .log), dither_cuda_<card>.txt, realscale_gate_qwen3_moe_<card>.json,
+# realscale_gate_full_olmoe_<card>.json (and the gate's output without its checkpoint-writing and weight-loading progress lines, .log), dither_cuda_<card>.txt, realscale_gate_qwen3_moe_<card>.json,
 # realscale_gate_mixtral_<card>.json, prefill_<card>.json, pack_<card>.json,
 # generate_<card>.json. Carried wheels in .whl/ (git-ignored) are installed
 # first: transformers (the pinned version; the image's is older) and GemLite (a peer column of the bench).

@@ -214,8 +214,10 @@ def measure_depth(arch: str, layers: int, workdir, width: str, device: str, devi
                   extra=(), log=print, warmup: bool = False, predict=None) -> dict:
     """One synthetic checkpoint and one gate run on it; the directory this call creates is removed after.
     warmup: first a small gate on the same checkpoint (WARMUP_ARGS: twenty documents of each text, one arm per
-    scheme and target), so one-time costs (kernel compilation, first CUDA allocations) stay out of the
-    measured run, where they would pass for a fixed cost of this depth. predict: (full_text_size,
+    scheme and target), so the one-time costs of what it runs (kernel compilation, first CUDA allocations) stay
+    out of the measured run, where they would pass for a fixed cost of this depth. It builds no lottery ticket
+    (`--lottery 0`: the dither's kernel is not run) and runs no precision floor (`--no-floor`: no float32 forwards),
+    so their first use stays in the measured run where that run has them. predict: (full_text_size,
     default_arms) of `lab.realscale_predict`, to take this depth to the README defaults."""
     from int4lab import gate
     Path(workdir).mkdir(parents=True, exist_ok=True)

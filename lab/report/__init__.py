@@ -11,8 +11,9 @@ tokens/s), layout.py (the README's tree), cli.py.
 Decode columns come from the receipt's rows: µs per call, the row's read floor (`floor_us`: a kernel that only
 reads the row's int4-b32 bytes, timed in the same run; receipts from before the floor lack it and show "–"),
 `int4_b32 / floor`, and beside every peer the receipt timed its time over ours (Marlin and llama.cpp's CUDA Q4_0
-included where `lab.bench.ggml_peer` merged ggml's timings: by its eager timer and with our weight rotation, both
-by host wall clock). A *recorded*
+included where `lab.bench.ggml_peer` merged ggml's timings: by its eager timer and by a rotating harness on
+weights of its own, whose rotation the receipt does not record (the ‡ legend, `targets.ROT_LEGEND`), both by host
+wall clock). A *recorded*
 llama.cpp column (ggml test-backend-ops, data/receipts/anchors/, see PROVENANCE.md there) is shown only beside a
 receipt of the card it was recorded on (`same_card`). The targets
 have names, defined once by `target_definitions` (RESULTS.md prints them): "GEMV at the floor", "GEMV beside

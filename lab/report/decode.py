@@ -26,7 +26,7 @@ MOE_LLAMA = ("llamacpp_q4_0_moe", "llamacpp_q4_0_rot_moe")
 MARLIN_BUILD = ("a build from IST-DASLab's Marlin source with its weight loads' L2 evict-first cache hint removed "
                 "(a workaround for CUDA 13's ptxas), not an unmodified Marlin; the patch's effect on its time is not "
                 "measured")
-# column names of Marlin's and llama.cpp's rows († ggml's eager timer, ‡ rotated like ours; both host wall clock: the legend under the peer tables)
+# column names of Marlin's and llama.cpp's rows († ggml's eager timer, ‡ ggml's rotating harness, on weights of its own; both host wall clock: the legend under the peer tables)
 LABELS = {"marlin": "marlin (patched build)",
           "llamacpp_q4_0": "llama.cpp Q4_0 (eager)†", "llamacpp_q4_0_rot": "llama.cpp Q4_0 (rotated)‡",
           "llamacpp_q4_0_moe": "llama.cpp Q4_0 MUL_MAT_ID (eager)†",

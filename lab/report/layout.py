@@ -19,7 +19,7 @@ LAYOUT = (
     ("lab/tune/", "launch-plan sweeps, the compiler's resource report, graph-replay determinism"),
     ("lab/chapters/", "the chapters' experiments: format variants, calibration, GPTQ, accuracy"),
     ("notebooks/", "the chapters"),
-    ("tests/", "pytest; the same suite runs on the CPU interpreter and on CUDA"),
+    ("tests/", "pytest, on the CPU (Triton's interpreter; CUDA-only tests skip there); lab/gpu_run.sh runs nine of its files on CUDA"),
     ("tests/lib/", "the library's tests: format, packers, kernels, quantize_model, the gate, export"),
     ("tests/lab/", "the lab's tests: benches, peers, report, real-width run, llama.cpp judge, chapter helpers"),
     ("tests/repo/", "the repository's: layout, tree, receipts' provenance, environment, executed chapters"),

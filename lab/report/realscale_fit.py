@@ -180,6 +180,15 @@ def step_lines(fit: dict, n: int) -> list[float]:
     return [v1 + (n - L1) * k for ((_, _), (L1, v1)), k in zip(zip(pts, pts[1:]), slopes)]
 
 
+def step_growth(fit: dict) -> str:
+    """The measured steps per layer between neighbouring depths, each with the one it exceeds: what "grow faster
+    than a line" rests on (one run per depth; the first layer's cost is not separable from the fixed part)."""
+    pts = sorted(((int(L), v) for L, v in (fit.get("points") or {}).items()), key=lambda p: p[0])
+    steps = [((L0, L1), (v1 - v0) / (L1 - L0)) for (L0, v0), (L1, v1) in zip(pts, pts[1:])]
+    return "; ".join(f"the step per layer from {b[0][0]} to {b[0][1]} layers, {b[1]:.0f} s, exceeds the {a[1]:.0f} s "
+                     f"from {a[0][0]} to {a[0][1]}" for a, b in zip(steps, steps[1:]))
+
+
 def _steps(fit: dict, n: int) -> str:
     steps = step_lines(fit, n)
     return (f"; each step larger than the last: the lines through neighbouring depths give "
@@ -203,8 +212,8 @@ def gptq_text(arch: str, ex: dict, depths: dict, card_bytes, fitted, gb, log=Non
         off = [k for k in ("gptq_sweep_default_s", "gptq_forward_default_s") if k in f and fitted(f, k) == "undecided"]
         steps = step_lines(d, n)
         verdict = ("" if not t.get("target") else
-                   f" (target ≤ {t['target']:.0f} s: the depths grow faster than a line, each layer costing more than "
-                   f"the one before, and every line through two neighbouring depths passes the target, "
+                   f" (target ≤ {t['target']:.0f} s: the depths grow faster than a line ({step_growth(d)}, one run "
+                   f"per depth), and every line through two neighbouring depths passes the target, "
                    f"{min(steps):.0f}-{max(steps):.0f} s: missed if no later layer costs less than the cheapest one "
                    f"measured)"
                    if v == "undecided" and steps and min(steps) > t["target"] else
