@@ -25,19 +25,12 @@ def best_int4(a: dict, b: int, c: int, runs=("graphed", "compiled")) -> dict | N
             "over_floor": r["per_layer_us"] / fl, "spread": spread(r), "tokens_per_s": r["tokens_per_s"], "row": r}
 
 
-def moe_pdl(rec: dict, a: dict) -> bool | None:
-    """Whether the modules' MoE step (`int4lab.kernels.ops`, the path the int4 states run) launches the down GEMV
-    as a programmatic dependent of gate_up (PDL, `plan.moe_pdl`) for an arch of the receipt at batch 1 on the
-    receipt's device: the down GEMV's programs then start while gate_up still runs (they ask L2 for their first
-    weight tiles, then wait for gate_up), so a profile can record the two kernels' times overlapping. Computed from
-    the model's shapes (the arch's `config`) with shape-only tensors, the plans' device queries answered for the
-    receipt's device (`accuracy._on`: no GPU needed); None where the device is not an H100 or H200 (sm_90, the
-    generation this answers for) or the step takes the grouped path (no PDL there)."""
+def _meta_moe_args(rec: dict, a: dict, batch: int):
+    """Shape-only (meta) arguments of `ops._moe_impl` for an arch of the receipt at `batch` tokens: x, the routed
+    ids and weights, gate_up's and down's packs and scales; None where the receipt's device is not an H100 or H200."""
     import torch
 
     from int4lab.archs import get
-    from int4lab.kernels import ops
-    from .accuracy import _on
     device = str(rec.get("provenance", {}).get("device") or "")
     if not any(name in device for name in ("H100", "H200")):
         return None
@@ -46,9 +39,24 @@ def moe_pdl(rec: dict, a: dict) -> bool | None:
 
     def meta(*shape, dtype=torch.float32):
         return torch.empty(*shape, dtype=dtype, device="meta")
-    args = (meta(1, H, dtype=torch.bfloat16), meta(1, A, dtype=torch.int32), meta(1, A),
+    return (meta(batch, H, dtype=torch.bfloat16), meta(batch, A, dtype=torch.int32), meta(batch, A),
             meta(E, 2 * I, H // 2, dtype=torch.uint8), meta(E, 2 * I, H // 32, dtype=torch.float16),
             meta(E, H, I // 2, dtype=torch.uint8), meta(E, H, I // 32, dtype=torch.float16))
+
+
+def moe_pdl(rec: dict, a: dict) -> bool | None:
+    """Whether the modules' MoE step (`int4lab.kernels.ops`, the path the int4 states run) launches the down GEMV
+    as a programmatic dependent of gate_up (PDL, `plan.moe_pdl`) for an arch of the receipt at batch 1 on the
+    receipt's device: the down GEMV's programs then start while gate_up still runs (they ask L2 for their first
+    weight tiles, then wait for gate_up), so a profile can record the two kernels' times overlapping. Computed from
+    the model's shapes (the arch's `config`) with shape-only tensors, the plans' device queries answered for the
+    receipt's device (`accuracy._on`: no GPU needed); None where the device is not an H100 or H200 (sm_90, the
+    generation this answers for) or the step takes the grouped path (no PDL there)."""
+    from int4lab.kernels import ops
+    from .accuracy import _on
+    args = _meta_moe_args(rec, a, 1)
+    if args is None:
+        return None
     with _on("sm90", 132):
         prep = ops._prepare_moe(*args)
     return bool(prep[3]) if prep[0] == "routed" else None
@@ -67,22 +75,12 @@ def moe_path(rec: dict, a: dict, batch: int) -> dict | None:
     None where the device is not an H100 or H200 (sm_90, the generation this answers for)."""
     from unittest import mock
 
-    import torch
-
-    from int4lab.archs import get
     from int4lab.kernels import ops
     from .accuracy import _on
-    device = str(rec.get("provenance", {}).get("device") or "")
-    if not any(name in device for name in ("H100", "H200")):
+    args = _meta_moe_args(rec, a, batch)
+    if args is None:
         return None
-    z = get(a["arch"]).sizes(a["config"])
-    H, I, E, A = z["hidden"], z["intermediate"], z["experts"], z["top_k"]
-
-    def meta(*shape, dtype=torch.float32):
-        return torch.empty(*shape, dtype=dtype, device="meta")
-    args = (meta(batch, H, dtype=torch.bfloat16), meta(batch, A, dtype=torch.int32), meta(batch, A),
-            meta(E, 2 * I, H // 2, dtype=torch.uint8), meta(E, 2 * I, H // 32, dtype=torch.float16),
-            meta(E, H, I // 2, dtype=torch.uint8), meta(E, H, I // 32, dtype=torch.float16))
+    A, E = args[1].shape[1], args[3].shape[0]
     launches = []
 
     def counted(name, result):
